@@ -1,0 +1,129 @@
+"""Tokens/s of the Lightning module vs a plain PyTorch loop: same model, data, batch, optimizer, clipping and
+schedule, measured side by side in one process, written to JSON. Goal: ratio (Lightning ÷ plain) ≥ 0.9.
+
+    python benchmarks/train_overhead.py [--scale xs] [--steps 200] [--warmup 20] [--out FILE]
+
+Both runs time the same steady-state window (steps warmup..steps), excluding start-up, validation and
+checkpointing; they alternate twice (plain, Lightning, plain, Lightning) so a machine that speeds up or slows down
+over the run favours neither, and the best of the two measurements of each is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def plain_loop(model_cfg, train_cfg, dm, warmup: int) -> float:
+    import torch
+
+    from lightning_modules.lm import make_optimizer
+    from lightning_modules.models import build_model, mean_loss
+
+    model = build_model(model_cfg, seed=train_cfg.seed)
+    model.train()
+    opt, sched = make_optimizer(model, train_cfg)
+    t_start, tokens = None, 0
+    for step, batch in enumerate(dm.train_dataloader()):
+        if step == warmup:
+            t_start = time.perf_counter()
+        loss = mean_loss(model, batch)
+        loss.backward()
+        if train_cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if t_start is not None:
+            tokens += batch["input_ids"].numel()
+        if step + 1 >= train_cfg.steps:
+            break
+    return tokens / (time.perf_counter() - t_start)
+
+
+def lightning_run(model_cfg, train_cfg, dm, warmup: int) -> float:
+    from pytorch_lightning.callbacks import Callback
+
+    from lightning_modules.lm import HeadroomLM
+    from lightning_modules.train import build_trainer
+
+    class Window(Callback):
+        t_start, tokens = None, 0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == warmup:
+                self.t_start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if self.t_start is not None:
+                self.tokens += batch["input_ids"].numel()
+                self.t_end = time.perf_counter()
+
+    w = Window()
+    lm = HeadroomLM(model_cfg.model_dump(mode="json"), train_cfg.model_dump(mode="json"))
+    trainer = build_trainer(train_cfg, None, callbacks=[w], progress=False)
+    trainer.fit(lm, datamodule=dm)
+    return w.tokens / (w.t_end - w.t_start)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", default="xs")
+    ap.add_argument("--family", default="decoder")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--seq-len", type=int)
+    ap.add_argument("--out", default="benchmarks/results/train_overhead.json")
+    args = ap.parse_args(argv)
+
+    import logging
+    import warnings
+
+    import torch
+
+    from lightning_modules.config import DataConfig, model_config_for, train_config_for
+    from lightning_modules.data import HeadroomData
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    model_cfg = model_config_for(args.scale, args.family)
+    # validation after the last step only, so neither side pays for it inside the window
+    train_cfg = train_config_for(args.scale, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+                                 val_every=args.steps, precision="32-true")
+    dm = HeadroomData(DataConfig(), train_cfg, model_cfg.family).prepare()
+    plain, light = [], []
+    for _ in range(2):
+        plain.append(plain_loop(model_cfg, train_cfg, dm, args.warmup))
+        light.append(lightning_run(model_cfg, train_cfg, dm, args.warmup))
+    result = {
+        "benchmark": "train_overhead",
+        "scale": args.scale,
+        "family": args.family,
+        "steps": args.steps,
+        "warmup_steps": args.warmup,
+        "batch_size": train_cfg.batch_size,
+        "seq_len": train_cfg.seq_len,
+        "threads": torch.get_num_threads(),
+        "plain_tokens_per_s": max(plain),
+        "lightning_tokens_per_s": max(light),
+        "all_plain": plain,
+        "all_lightning": light,
+        "ratio": max(light) / max(plain),
+        "goal": 0.9,
+    }
+    result["meets_goal"] = result["ratio"] >= result["goal"]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("plain_tokens_per_s", "lightning_tokens_per_s", "ratio", "meets_goal")}))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,386 @@
+"""Typed, validated configs and every derived number (head counts, parameters, FLOPs, Scratch-B steps).
+
+This module imports pydantic only — never torch — so the CLI can validate its input and fail with one line
+before any framework is loaded.
+
+Vocabulary (see ../shared/DESIGN.md): a *scale* is a named preset fixing d_model, layers, d_ff, head_dim and the
+dense head count H; `heads_kept(H, ratio)` is the head count a prune ratio leaves; Scratch-B trains the pruned
+architecture for as many steps as the dense run's FLOPs (plus recovery fine-tune) buy it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Family = Literal["decoder", "encoder"]
+FAMILIES: tuple[str, ...] = ("decoder", "encoder")
+
+# Byte-level tokenisation: ids 0..255 are bytes, then the specials.
+BYTE_VOCAB = 256
+PAD_ID, MASK_ID, EOS_ID = 256, 257, 258
+BYTE_VOCAB_SIZE = 260  # 256 bytes + pad, mask, eos, one spare (keeps the size a multiple of 4)
+
+
+class HeadroomInputError(ValueError):
+    """Bad user input. The CLI prints `str(err)` as one line on stderr and exits 2."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    """Architecture of one model. `head_dim=None` means d_model // n_heads (which must then divide).
+
+    `heads_per_layer` describes a non-uniform model (a Scratch-E control of a `global` prune copies the pruned
+    model's per-layer counts); when given, `n_heads` is its maximum.
+    """
+
+    family: Family = "decoder"
+    d_model: int = Field(gt=0)
+    n_layers: int = Field(gt=0)
+    n_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    d_ff: int = Field(gt=0)
+    vocab_size: int = Field(default=BYTE_VOCAB_SIZE, gt=0)
+    max_seq_len: int = Field(gt=0)
+    heads_per_layer: tuple[int, ...] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_head_dim(cls, data):
+        if isinstance(data, dict) and data.get("head_dim") is None:
+            d, h = data.get("d_model"), data.get("n_heads")
+            if isinstance(d, int) and isinstance(h, int) and h > 0:
+                if d % h:
+                    raise ValueError(
+                        f"n_heads={h} does not divide d_model={d}; give head_dim explicitly"
+                    )
+                data = {**data, "head_dim": d // h}
+        return data
+
+    @model_validator(mode="after")
+    def _check_layers(self):
+        if self.heads_per_layer is not None:
+            if len(self.heads_per_layer) != self.n_layers:
+                raise ValueError(
+                    f"heads_per_layer has {len(self.heads_per_layer)} entries for {self.n_layers} layers"
+                )
+            if min(self.heads_per_layer) < 1:
+                raise ValueError("heads_per_layer: every layer keeps at least one head")
+            if max(self.heads_per_layer) != self.n_heads:
+                raise ValueError("n_heads must equal max(heads_per_layer)")
+        return self
+
+    @property
+    def layer_heads(self) -> list[int]:
+        """Heads in each layer (uniform models repeat n_heads)."""
+        return list(self.heads_per_layer) if self.heads_per_layer else [self.n_heads] * self.n_layers
+
+    @property
+    def uniform(self) -> bool:
+        return len(set(self.layer_heads)) == 1
+
+    def with_heads(self, heads: int | list[int] | tuple[int, ...], head_dim: int | None = None) -> "ModelConfig":
+        """Same architecture with other head counts (int: uniform; list: per layer) and optionally head_dim."""
+        data = self.model_dump()
+        if isinstance(heads, int):
+            data.update(n_heads=heads, heads_per_layer=None)
+        else:
+            heads = tuple(int(h) for h in heads)
+            if len(heads) != self.n_layers:
+                raise ValueError(f"heads_per_layer has {len(heads)} entries for {self.n_layers} layers")
+            data.update(n_heads=max(heads), heads_per_layer=None if len(set(heads)) == 1 else heads)
+        if head_dim is not None:
+            data["head_dim"] = head_dim
+        return ModelConfig(**data)
+
+
+Schedule = Literal["cosine", "linear", "constant"]
+Precision = Literal["auto", "32-true", "bf16-mixed", "16-mixed"]
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(gt=0)
+    batch_size: int = Field(default=16, gt=0)
+    seq_len: int = Field(default=128, gt=1)
+    lr: float = Field(default=3e-3, gt=0)
+    warmup_steps: int = Field(default=30, ge=0)
+    schedule: Schedule = "cosine"
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    weight_decay: float = Field(default=0.1, ge=0)
+    grad_clip: float = Field(default=1.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    precision: Precision = "auto"  # auto: bf16-mixed on a GPU, 32-true on a CPU
+    seed: int = Field(default=0, ge=0)
+    val_every: int = Field(default=100, gt=0)
+    val_batches: int = Field(default=8, gt=0)
+    eval_batches: int = Field(default=16, gt=0)
+    mlm_probability: float = Field(default=0.15, gt=0, lt=1)
+
+
+DATA_SOURCE_HELP = "stdlib, path:GLOB, hf:NAME[:CONFIG] or mqar"
+
+
+class DataConfig(_Strict):
+    """Where the text comes from and how it is cut into splits (see lightning_modules/corpus.py).
+
+    source: `stdlib` | `path:GLOB` | `hf:NAME[:CONFIG]` | `mqar`.
+    shift: a second source for the shifted eval set (`path:` glob or `hf:` dataset); `stdlib` and `mqar` have
+    their own shifted set built in.
+    tokenizer: `byte` (default), `bpe` (trained on the train split, cached by corpus hash), or `pretrained:DIR`.
+    """
+
+    source: str = "stdlib"
+    shift: str | None = None
+    tokenizer: str = "byte"
+    bpe_vocab_size: int = Field(default=1024, ge=260)
+    val_fraction: float = Field(default=0.04, gt=0, lt=0.5)
+    calibration_fraction: float = Field(default=0.03, gt=0, lt=0.5)
+    eval_fraction: float = Field(default=0.04, gt=0, lt=0.5)
+    text_column: str = "text"
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        kind = v.split(":", 1)[0]
+        if v in ("stdlib", "mqar"):
+            return v
+        if kind in ("path", "hf") and len(v) > len(kind) + 1:
+            return v
+        raise ValueError(f"unknown data source {v!r}; expected {DATA_SOURCE_HELP}")
+
+    @field_validator("shift")
+    @classmethod
+    def _shift(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        kind = v.split(":", 1)[0]
+        if kind in ("path", "hf") and len(v) > len(kind) + 1:
+            return v
+        raise ValueError(f"shift source {v!r} must be path:GLOB or hf:NAME[:CONFIG]")
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, v: str) -> str:
+        if v in ("byte", "bpe") or (v.startswith("pretrained:") and len(v) > 11):
+            return v
+        raise ValueError(f"unknown tokenizer {v!r}; expected byte, bpe or pretrained:DIR")
+
+    @model_validator(mode="after")
+    def _fractions(self):
+        if self.val_fraction + self.calibration_fraction + self.eval_fraction >= 0.5:
+            raise ValueError("val + calibration + eval fractions must leave at least half for training")
+        return self
+
+
+# --------------------------------------------------------------------------------------------------- scales
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A named preset. d_model = n_heads * head_dim; H is a multiple of 4 (ratios 0.25/0.5/0.75 keep whole heads)."""
+
+    name: str
+    d_model: int
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    d_ff: int
+    max_seq_len: int
+    # a training budget that fits the scale's hardware (xs/s/m: 2 CPU cores; l/xl: one GPU)
+    steps: int
+    batch_size: int
+    seq_len: int
+    lr: float
+
+
+SCALES: dict[str, Scale] = {
+    s.name: s
+    for s in (
+        Scale("xs", d_model=64, n_layers=2, n_heads=8, head_dim=8, d_ff=256, max_seq_len=256,
+              steps=300, batch_size=16, seq_len=128, lr=3e-3),
+        Scale("s", d_model=128, n_layers=4, n_heads=8, head_dim=16, d_ff=512, max_seq_len=256,
+              steps=400, batch_size=16, seq_len=128, lr=2e-3),
+        Scale("m", d_model=256, n_layers=6, n_heads=8, head_dim=32, d_ff=1024, max_seq_len=512,
+              steps=600, batch_size=16, seq_len=256, lr=1e-3),
+        Scale("l", d_model=512, n_layers=8, n_heads=16, head_dim=32, d_ff=2048, max_seq_len=1024,
+              steps=20000, batch_size=64, seq_len=512, lr=6e-4),
+        # about GPT-2 small: d_model 768, 12 layers; 16 heads of 48 dims
+        Scale("xl", d_model=768, n_layers=12, n_heads=16, head_dim=48, d_ff=3072, max_seq_len=1024,
+              steps=50000, batch_size=64, seq_len=1024, lr=6e-4),
+    )
+}
+
+
+def get_scale(name: str) -> Scale:
+    try:
+        return SCALES[name]
+    except KeyError:
+        raise HeadroomInputError(f"unknown scale {name!r}; choose one of {', '.join(SCALES)}") from None
+
+
+def model_config_for(
+    scale: str,
+    family: str = "decoder",
+    n_heads: int | None = None,
+    head_dim: int | None | Literal["auto"] = None,
+    vocab_size: int = BYTE_VOCAB_SIZE,
+    heads_per_layer: list[int] | None = None,
+) -> ModelConfig:
+    """The ModelConfig of a scale. `n_heads` keeps the preset's head_dim (the Scratch-E architecture);
+    `head_dim="auto"` uses d_model // n_heads (the `wide` control); an int sets it."""
+    sc = get_scale(scale)
+    if family not in FAMILIES:
+        raise HeadroomInputError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
+    h = sc.n_heads if n_heads is None else n_heads
+    hd: int | None
+    if head_dim is None:
+        hd = sc.head_dim
+    elif head_dim == "auto":
+        hd = None
+    else:
+        hd = head_dim
+    try:
+        cfg = ModelConfig(
+            family=family, d_model=sc.d_model, n_layers=sc.n_layers, n_heads=h, head_dim=hd,
+            d_ff=sc.d_ff, vocab_size=vocab_size, max_seq_len=sc.max_seq_len,
+        )
+        if heads_per_layer is not None:
+            cfg = cfg.with_heads(heads_per_layer)
+    except ValueError as e:
+        raise HeadroomInputError(f"scale {scale}: {_first_error(e)}") from None
+    return cfg
+
+
+def train_config_for(scale: str, **overrides) -> TrainConfig:
+    sc = get_scale(scale)
+    base = dict(steps=sc.steps, batch_size=sc.batch_size, seq_len=sc.seq_len, lr=sc.lr)
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return TrainConfig(**base)
+    except ValueError as e:
+        raise HeadroomInputError(_first_error(e)) from None
+
+
+def check_compatible(model: ModelConfig, train: TrainConfig) -> None:
+    if train.seq_len > model.max_seq_len:
+        raise HeadroomInputError(
+            f"seq_len {train.seq_len} exceeds the model's max_seq_len {model.max_seq_len}"
+        )
+
+
+def _first_error(e: Exception) -> str:
+    """One line from a pydantic ValidationError: 'field: message'."""
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        err = errors()[0]
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        msg = err.get("msg", str(e)).removeprefix("Value error, ")
+        return f"{loc}: {msg}" if loc else msg
+    return str(e).splitlines()[0]
+
+
+# ---------------------------------------------------------------------------------------- head arithmetic
+
+
+def heads_kept(n_heads: int, ratio: float) -> int:
+    """Heads left after removing a fraction `ratio` of H: H − round(ratio·H). At least one must stay."""
+    if not 0 <= ratio < 1:
+        raise HeadroomInputError(f"ratio {ratio} must be in [0, 1)")
+    kept = n_heads - round(ratio * n_heads)
+    if kept < 1:
+        raise HeadroomInputError(f"ratio {ratio} leaves no head of {n_heads}")
+    return kept
+
+
+def wide_head_dim(d_model: int, n_heads_kept: int) -> int:
+    """The `wide` control: the usual 'fewer heads' configuration, head_dim = d_model // heads_kept."""
+    return d_model // n_heads_kept
+
+
+# ------------------------------------------------------------------------------------ params and FLOPs
+
+
+@dataclass(frozen=True)
+class Counts:
+    attention: int
+    mlp: int
+    other: int  # embeddings, norms, LM head
+
+    @property
+    def total(self) -> int:
+        return self.attention + self.mlp + self.other
+
+
+def param_counts(cfg: ModelConfig, kv_heads_per_layer: list[int] | None = None) -> Counts:
+    """Exact parameter counts of the models `lightning_modules.models.build_model` makes (tested against them).
+
+    decoder (Llama): no biases, RMSNorm, SwiGLU MLP, tied embeddings.
+    encoder (BERT): biases, LayerNorm, GELU MLP, learned positions, one token type, tied MLM decoder.
+    """
+    d, ff, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    kv = kv_heads_per_layer or cfg.layer_heads
+    attn = 0
+    for h, hk in zip(cfg.layer_heads, kv):
+        inner, inner_kv = h * cfg.head_dim, hk * cfg.head_dim
+        if cfg.family == "decoder":
+            attn += d * inner + 2 * d * inner_kv + inner * d
+        else:
+            attn += 3 * (d * inner + inner) + inner * d + d
+    if cfg.family == "decoder":
+        mlp = cfg.n_layers * 3 * d * ff
+        other = v * d + cfg.n_layers * 2 * d + d
+    else:
+        mlp = cfg.n_layers * (d * ff + ff + ff * d + d)
+        embeddings = v * d + cfg.max_seq_len * d + d + 2 * d
+        norms = cfg.n_layers * 2 * 2 * d
+        head = d * d + d + 2 * d + v  # transform dense, LayerNorm, decoder bias (weight tied)
+        other = embeddings + norms + head
+    return Counts(attention=attn, mlp=mlp, other=other)
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int, kv_heads_per_layer: list[int] | None = None) -> Counts:
+    """Forward matmul FLOPs per token (2 per multiply-add), split into attention, MLP and the LM head.
+
+    Attention = q/k/v/o projections + scores (QKᵀ and AV over the full context, as Kaplan et al. count it).
+    Training costs 3× this (see `train_flops_per_token`). Norms, softmax and embeddings lookups are ignored.
+    """
+    d, ff, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    kv = kv_heads_per_layer or cfg.layer_heads
+    attn = 0
+    for h, hk in zip(cfg.layer_heads, kv):
+        inner, inner_kv = h * cfg.head_dim, hk * cfg.head_dim
+        attn += 2 * (d * inner + 2 * d * inner_kv + inner * d)  # projections
+        attn += 2 * 2 * seq_len * inner  # QKᵀ and AV
+    n_mats = 3 if cfg.family == "decoder" else 2
+    mlp = cfg.n_layers * 2 * n_mats * d * ff
+    other = 2 * d * v + (2 * d * d if cfg.family == "encoder" else 0)
+    return Counts(attention=attn, mlp=mlp, other=other)
+
+
+def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+    """Forward + backward ≈ 3 × forward."""
+    return 3 * flops_per_token(cfg, seq_len).total
+
+
+def scratch_b_steps(
+    dense: ModelConfig, pruned: ModelConfig, dense_steps: int, finetune_steps: int, seq_len: int
+) -> int:
+    """Steps that give the pruned architecture, trained from scratch, the training FLOPs of the pruned arm:
+    dense T steps at dense size + F recovery steps at pruned size (Liu et al. 2019 "Scratch-B"; head scoring is
+    not counted). Tokens per step are equal, so the budget converts to steps via FLOPs per token."""
+    budget = dense_steps * train_flops_per_token(dense, seq_len) + finetune_steps * train_flops_per_token(
+        pruned, seq_len
+    )
+    return int(round(budget / train_flops_per_token(pruned, seq_len)))
+
+
+def unigram_entropy(counts) -> float:
+    """Entropy in nats of the empirical unigram distribution given token counts."""
+    total = float(sum(counts))
+    return -sum((c / total) * math.log(c / total) for c in counts if c > 0)

@@ -1,0 +1,400 @@
+"""Text sources, deterministic splits and tokenisers. No torch here: the CLI resolves and checks data first.
+
+Splits (every source): `train`, `val` (model selection, early choices such as "best method"), `calibration` (the
+data that scores heads — never the data that evaluates them), and the eval sets `id` (in distribution) and, where
+the source has one, `shift` (a shifted distribution, to tell a real effect from a benchmark artifact).
+
+Documents go to splits by a hash of their name, not by the seed: every seed, arm and scale sees the same splits,
+so runs are comparable, and the corpus hash (content + split rule) says so.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .config import BYTE_VOCAB_SIZE, EOS_ID, MASK_ID, PAD_ID, DataConfig, HeadroomInputError
+
+SPLITS = ("train", "val", "calibration", "id", "shift")
+EVAL_SETS = ("id", "shift")
+
+# stdlib: directories some installs strip (tests, IDLE) are excluded everywhere so every install agrees;
+# whole packages held out of training form the shifted eval set (email handling and XML: other vocabulary,
+# other idioms than the rest of the library).
+STDLIB_EXCLUDE_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__"}
+STDLIB_SHIFT_PACKAGES = ("email", "xml")
+# a source with fewer files than this is cut into blocks of lines, so that every split gets some text
+MIN_UNITS = 50
+BLOCK_CHARS = 2048
+
+
+@dataclass
+class Corpus:
+    source: str
+    splits: dict[str, list[str]]  # split name -> documents
+    corpus_hash: str
+    shift_note: str | None = None  # what the shifted set is; None when there is none
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def eval_sets(self) -> list[str]:
+        return [s for s in EVAL_SETS if self.splits.get(s)]
+
+    def n_chars(self, split: str) -> int:
+        return sum(len(d) for d in self.splits.get(split, ()))
+
+
+def _unit_fraction(key: str) -> float:
+    return int(hashlib.sha256(key.encode()).hexdigest()[:12], 16) / 16**12
+
+
+def assign_split(key: str, cfg: DataConfig) -> str:
+    """The split of a document, from its name alone."""
+    u = _unit_fraction(key)
+    if u < cfg.val_fraction:
+        return "val"
+    u -= cfg.val_fraction
+    if u < cfg.calibration_fraction:
+        return "calibration"
+    u -= cfg.calibration_fraction
+    if u < cfg.eval_fraction:
+        return "id"
+    return "train"
+
+
+def _blocks(text: str, size: int = BLOCK_CHARS) -> list[str]:
+    """Cut text at line boundaries into blocks of about `size` characters."""
+    out, cur, n = [], [], 0
+    for line in text.splitlines(keepends=True):
+        cur.append(line)
+        n += len(line)
+        if n >= size:
+            out.append("".join(cur))
+            cur, n = [], 0
+    if cur:
+        out.append("".join(cur))
+    return out
+
+
+def _split_units(units: list[tuple[str, str]], cfg: DataConfig, what: str) -> dict[str, list[str]]:
+    """units: (key, text). Few large units are cut into blocks first so every split gets text."""
+    if len(units) < MIN_UNITS:
+        units = [(f"{k}#{i}", b) for k, t in units for i, b in enumerate(_blocks(t))]
+    splits: dict[str, list[str]] = {s: [] for s in ("train", "val", "calibration", "id")}
+    for key, text in units:
+        splits[assign_split(key, cfg)].append(text)
+    empty = [s for s, docs in splits.items() if not docs]
+    if empty:
+        raise HeadroomInputError(
+            f"data {what}: corpus too small to fill the {', '.join(empty)} split(s) ({len(units)} documents)"
+        )
+    return splits
+
+
+def _hash(cfg: DataConfig, parts: dict[str, list[str]], extra: str = "") -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([cfg.val_fraction, cfg.calibration_fraction, cfg.eval_fraction, extra]).encode())
+    for split in sorted(parts):
+        h.update(split.encode() + b"\0")
+        for doc in parts[split]:
+            h.update(hashlib.sha256(doc.encode("utf-8", "replace")).digest())
+    return h.hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------------ stdlib
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files() -> list[tuple[str, Path]]:
+    """(relative path, path) of the standard library's .py files, without tests and IDLE, sorted."""
+    root = stdlib_root()
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in STDLIB_EXCLUDE_DIRS)
+        for f in sorted(filenames):
+            if f.endswith(".py"):
+                p = Path(dirpath) / f
+                out.append((p.relative_to(root).as_posix(), p))
+    return out
+
+
+def _read(p: Path) -> str:
+    return p.read_text(encoding="utf-8", errors="replace")
+
+
+def load_stdlib(cfg: DataConfig) -> Corpus:
+    files = stdlib_files()
+    if not files:
+        raise HeadroomInputError(f"data stdlib: no .py files under {stdlib_root()}")
+    shift_docs, units = [], []
+    for rel, p in files:
+        text = _read(p)
+        if not text.strip():
+            continue
+        if rel.split("/", 1)[0] in STDLIB_SHIFT_PACKAGES:
+            shift_docs.append(text)
+        else:
+            units.append((rel, text))
+    splits = _split_units(units, cfg, "stdlib")
+    splits["shift"] = shift_docs
+    note = f"standard-library packages held out of training: {', '.join(STDLIB_SHIFT_PACKAGES)}"
+    import sys
+
+    return Corpus(
+        "stdlib", splits, _hash(cfg, splits), note,
+        meta={"python": sys.version.split()[0], "root": str(stdlib_root()), "files": len(files)},
+    )
+
+
+# -------------------------------------------------------------------------------------------- path:GLOB
+
+
+def glob_files(pattern: str) -> list[Path]:
+    pattern = os.path.expanduser(pattern)
+    return sorted(Path(p) for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+
+
+def check_path_source(pattern: str, what: str = "data") -> list[Path]:
+    files = glob_files(pattern)
+    if not files:
+        raise HeadroomInputError(f"{what}: no files match {pattern!r}")
+    if all(f.stat().st_size == 0 for f in files):
+        raise HeadroomInputError(f"{what}: corpus is empty (all {len(files)} files matching {pattern!r} are empty)")
+    return files
+
+
+def load_path(cfg: DataConfig) -> Corpus:
+    pattern = cfg.source.split(":", 1)[1]
+    files = check_path_source(pattern)
+    base = os.path.commonpath([str(f.parent) for f in files])
+    units = [(os.path.relpath(f, base), _read(f)) for f in files]
+    units = [(k, t) for k, t in units if t.strip()]
+    if not units:
+        raise HeadroomInputError(f"data: corpus is empty (files matching {pattern!r} hold only whitespace)")
+    splits = _split_units(units, cfg, cfg.source)
+    note = None
+    if cfg.shift:
+        splits["shift"], note = _shift_docs(cfg)
+    return Corpus(cfg.source, splits, _hash(cfg, splits), note, meta={"files": len(files)})
+
+
+def _shift_docs(cfg: DataConfig) -> tuple[list[str], str]:
+    assert cfg.shift is not None
+    kind, rest = cfg.shift.split(":", 1)
+    if kind == "path":
+        docs = [t for t in (_read(f) for f in check_path_source(rest, "shift")) if t.strip()]
+    else:
+        docs = [d for split in _hf_rows(rest, cfg.text_column).values() for d in split]
+    if not docs:
+        raise HeadroomInputError(f"shift: {cfg.shift} holds no text")
+    return docs, f"shifted eval set from {cfg.shift}"
+
+
+# ------------------------------------------------------------------------------------------ hf:NAME[:CFG]
+
+
+def _parse_hf(spec: str) -> tuple[str, str | None]:
+    # NAME may be a local directory (which can contain ':' only on odd systems); CONFIG follows the last ':'
+    if os.path.exists(spec):
+        return spec, None
+    name, _, config = spec.rpartition(":")
+    if name and not os.path.isabs(config):
+        return name, config or None
+    return spec, None
+
+
+def _hf_rows(spec: str, text_column: str) -> dict[str, list[str]]:
+    """Rows of a Hugging Face dataset by split, through `datasets.load_dataset` (hub name, or a local
+    directory of text/json/parquet files — the same code path)."""
+    name, config = _parse_hf(spec)
+    if name.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(name)):
+        raise HeadroomInputError(f"data hf:{spec}: no such directory {name!r}")
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        dd = datasets.load_dataset(os.path.expanduser(name), config)
+    except HeadroomInputError:
+        raise
+    except Exception as e:  # the datasets library raises many types; one line is what the user needs
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise HeadroomInputError(f"data hf:{spec}: {msg}") from None
+    out = {}
+    for split, ds in dd.items():
+        if text_column not in ds.column_names:
+            raise HeadroomInputError(
+                f"data hf:{spec}: split {split!r} has no column {text_column!r} (columns: {ds.column_names})"
+            )
+        out[split] = [t for t in ds[text_column] if t and t.strip()]
+    return out
+
+
+def load_hf(cfg: DataConfig) -> Corpus:
+    spec = cfg.source.split(":", 1)[1]
+    rows = _hf_rows(spec, cfg.text_column)
+    if not any(rows.values()):
+        raise HeadroomInputError(f"data {cfg.source}: corpus is empty")
+    train_rows = rows.get("train", [])
+    val_rows = rows.get("validation") or rows.get("valid") or rows.get("val")
+    test_rows = rows.get("test")
+    if train_rows and val_rows and test_rows:
+        # the dataset's own splits: validation -> val, test -> id; calibration carved out of train by hash
+        cal = [t for i, t in enumerate(train_rows) if assign_split(f"train/{i}", cfg) == "calibration"]
+        train = [t for i, t in enumerate(train_rows) if assign_split(f"train/{i}", cfg) != "calibration"]
+        if not cal:
+            raise HeadroomInputError(f"data {cfg.source}: train split too small to carve a calibration set")
+        splits = {"train": train, "val": val_rows, "calibration": cal, "id": test_rows}
+    else:
+        units = [(f"{s}/{i}", t) for s, docs in sorted(rows.items()) for i, t in enumerate(docs)]
+        splits = _split_units(units, cfg, cfg.source)
+    note = None
+    if cfg.shift:
+        splits["shift"], note = _shift_docs(cfg)
+    return Corpus(cfg.source, splits, _hash(cfg, splits), note)
+
+
+# ------------------------------------------------------------------------------------------------- entry
+
+
+def check_source(cfg: DataConfig) -> None:
+    """Cheap checks that need no framework: paths exist and hold text. Called before torch is imported."""
+    kind = cfg.source.split(":", 1)[0]
+    if kind == "path":
+        check_path_source(cfg.source.split(":", 1)[1])
+    elif kind == "hf":
+        name, _ = _parse_hf(cfg.source.split(":", 1)[1])
+        if name.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(name)):
+            raise HeadroomInputError(f"data {cfg.source}: no such directory {name!r}")
+    if cfg.shift and cfg.shift.startswith("path:"):
+        check_path_source(cfg.shift.split(":", 1)[1], "shift")
+    if cfg.tokenizer.startswith("pretrained:"):
+        d = os.path.expanduser(cfg.tokenizer.split(":", 1)[1])
+        if not os.path.isdir(d):
+            raise HeadroomInputError(f"tokenizer: no such directory {d!r}")
+
+
+def load_corpus(cfg: DataConfig) -> Corpus:
+    kind = cfg.source.split(":", 1)[0]
+    if kind == "stdlib":
+        return load_stdlib(cfg)
+    if kind == "path":
+        return load_path(cfg)
+    if kind == "hf":
+        return load_hf(cfg)
+    raise HeadroomInputError(f"data source {cfg.source!r} is not a text corpus")
+
+
+# -------------------------------------------------------------------------------------------- tokenisers
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are the tokens (ids 0..255), then pad, mask, eos."""
+
+    name = "byte"
+    vocab_size = BYTE_VOCAB_SIZE
+    pad_id, mask_id, eos_id = PAD_ID, MASK_ID, EOS_ID
+    n_special = 4
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", "replace")
+
+
+class HFTokenizer:
+    """A `tokenizers`/`transformers` tokenizer: BPE trained on the train split, or a checkpoint's own."""
+
+    def __init__(self, tok, name: str):
+        self.tok, self.name = tok, name
+        self.vocab_size = len(tok)
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.eos_id = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
+        self.mask_id = tok.mask_token_id
+        if self.eos_id is None:
+            self.eos_id = self.pad_id
+        self.n_special = len(getattr(tok, "all_special_ids", ()))
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(list(ids))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HEADROOM_CACHE", Path.home() / ".cache" / "headroom"))
+
+
+def train_bpe(docs: list[str], vocab_size: int, corpus_hash: str) -> HFTokenizer:
+    """A byte-level BPE tokenizer trained on `docs` with `tokenizers`, cached by corpus hash and size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    path = cache_dir() / "bpe" / f"{corpus_hash}-{vocab_size}.json"
+    if not path.exists():
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=["<pad>", "<mask>", "<eos>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        )
+        tok.train_from_iterator(docs, trainer=trainer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tok.save(str(tmp))
+        os.replace(tmp, path)  # atomic: concurrent trials never read a half-written file
+    fast = PreTrainedTokenizerFast(
+        tokenizer_file=str(path), pad_token="<pad>", mask_token="<mask>", eos_token="<eos>"
+    )
+    return HFTokenizer(fast, f"bpe-{vocab_size}")
+
+
+def pretrained_tokenizer(directory: str) -> HFTokenizer:
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(os.path.expanduser(directory))
+    except Exception as e:
+        raise HeadroomInputError(f"tokenizer {directory}: {str(e).splitlines()[0]}") from None
+    return HFTokenizer(tok, f"pretrained:{directory}")
+
+
+def make_tokenizer(cfg: DataConfig, corpus: Corpus | None):
+    if cfg.tokenizer == "byte":
+        return ByteTokenizer()
+    if cfg.tokenizer == "bpe":
+        assert corpus is not None
+        return train_bpe(corpus.splits["train"], cfg.bpe_vocab_size, corpus.corpus_hash)
+    return pretrained_tokenizer(cfg.tokenizer.split(":", 1)[1])
+
+
+def encode_docs(tokenizer, docs: list[str]) -> np.ndarray:
+    """Concatenate documents, each followed by eos, into one token stream."""
+    if not docs:
+        return np.zeros(0, dtype=np.int32)
+    parts = []
+    eos = np.asarray([tokenizer.eos_id], dtype=np.int32)
+    for d in docs:
+        parts.append(tokenizer.encode(d))
+        parts.append(eos)
+    return np.concatenate(parts)
+
+
+def unigram_entropy_of(stream: np.ndarray, vocab_size: int) -> float:
+    """Entropy (nats/token) of the empirical unigram distribution of a token stream: the loss floor of a
+    model that ignores context."""
+    from .config import unigram_entropy
+
+    return unigram_entropy(np.bincount(stream, minlength=vocab_size).tolist())

@@ -1,0 +1,246 @@
+"""The LightningDataModule: token streams of every split, cut into windows, in an order fixed by the seed.
+
+Training sample j (counting across steps) is a pure function of (seed, j): epoch e = j // n_windows walks a
+permutation of the train stream's windows drawn from (seed, e), each epoch with its own random phase. So a run
+resumed at step k continues with exactly the batches an uninterrupted run would have seen (the consumed count is
+saved in the checkpoint), and two arms with the same seed see the same data in the same order.
+
+Evaluation windows are evenly spaced over the split and masked (encoder) with a fixed seed: every run, seed and arm
+is scored on the same tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from .config import DataConfig, HeadroomInputError, TrainConfig
+from .corpus import EVAL_SETS, ByteTokenizer, Corpus, encode_docs, load_corpus, make_tokenizer, unigram_entropy_of
+
+EVAL_MASK_SEED = 1_000_003  # one masking of each eval window for all runs
+
+
+def mlm_mask(ids: np.ndarray, rng: np.random.Generator, prob: float, mask_id: int, n_regular: int):
+    """BERT masking: choose `prob` of the positions (at least one) to predict; of those 80% become the mask
+    token, 10% a random regular token, 10% stay. Returns (inputs, labels with -100 where nothing is predicted)."""
+    ids = ids.astype(np.int64)
+    chosen = rng.random(ids.shape[0]) < prob
+    if not chosen.any():
+        chosen[rng.integers(ids.shape[0])] = True
+    labels = np.where(chosen, ids, -100)
+    inputs = ids.copy()
+    r = rng.random(ids.shape[0])
+    inputs[chosen & (r < 0.8)] = mask_id
+    rand = chosen & (r >= 0.8) & (r < 0.9)
+    inputs[rand] = rng.integers(0, n_regular, rand.sum())
+    return inputs, labels
+
+
+class _Windows(Dataset):
+    def __init__(self, stream: np.ndarray, seq_len: int, mlm: dict | None):
+        self.stream, self.seq_len, self.mlm = stream, seq_len, mlm
+
+    def _item(self, start: int, mask_rng_seed) -> dict:
+        ids = self.stream[start:start + self.seq_len]
+        if self.mlm is None:
+            x = torch.from_numpy(ids.astype(np.int64))
+            return {"input_ids": x, "labels": x.clone()}
+        inputs, labels = mlm_mask(ids, np.random.default_rng(mask_rng_seed), **self.mlm)
+        return {"input_ids": torch.from_numpy(inputs), "labels": torch.from_numpy(labels)}
+
+
+class TrainWindows(_Windows):
+    """Samples start..n_samples-1 of the seeded training order (see module docstring)."""
+
+    def __init__(self, stream, seq_len, seed: int, n_samples: int, start: int = 0, mlm: dict | None = None):
+        super().__init__(stream, seq_len, mlm)
+        self.n_windows = (len(stream) - seq_len) // seq_len
+        if self.n_windows < 1:
+            raise HeadroomInputError(f"train split ({len(stream)} tokens) is shorter than two windows of {seq_len}")
+        self.seed, self.n_samples, self.start = seed, n_samples, start
+        self._epochs: dict[int, tuple[int, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return max(0, self.n_samples - self.start)
+
+    def start_of(self, j: int) -> int:
+        epoch, k = divmod(j, self.n_windows)
+        if epoch not in self._epochs:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._epochs = {epoch: (int(rng.integers(self.seq_len)), rng.permutation(self.n_windows))}
+        phase, perm = self._epochs[epoch]
+        return phase + int(perm[k]) * self.seq_len
+
+    def __getitem__(self, i: int) -> dict:
+        j = self.start + i
+        return self._item(self.start_of(j), [self.seed, j, 7])
+
+
+class EvalWindows(_Windows):
+    """Up to n evenly spaced windows of a split, the same for every run."""
+
+    def __init__(self, stream, seq_len, n: int, mlm: dict | None = None):
+        super().__init__(stream, seq_len, mlm)
+        total = len(stream) // seq_len
+        if total < 1:
+            raise HeadroomInputError(f"split of {len(stream)} tokens is shorter than one window of {seq_len}")
+        self.starts = (np.unique(np.linspace(0, total - 1, min(n, total)).round().astype(np.int64)) * seq_len)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> dict:
+        return self._item(int(self.starts[i]), [EVAL_MASK_SEED, i])
+
+
+# ----------------------------------------------------------------------------------------------- MQAR
+
+
+class MQAR(Dataset):
+    """Multi-query associative recall (Arora et al. 2023, "Zoology"): key-value pairs, then queries of those keys;
+    only the answers (the value after each queried key) are predicted. Keys are tokens 0..63, values 64..127.
+    For the encoder family the answers are replaced by the mask token."""
+
+    KEYS, VALUES = range(0, 64), range(64, 128)
+
+    def __init__(self, seq_len: int, n_pairs: int, stream_seed: int, n_samples: int, start: int = 0,
+                 mask_id: int | None = None, pad_id: int = 256):
+        if seq_len < 2 * n_pairs + 2:
+            raise HeadroomInputError(f"mqar: seq_len {seq_len} too short for {n_pairs} pairs and a query")
+        self.seq_len, self.n_pairs, self.stream_seed = seq_len, n_pairs, stream_seed
+        self.n_samples, self.start, self.mask_id, self.pad_id = n_samples, start, mask_id, pad_id
+
+    def __len__(self) -> int:
+        return max(0, self.n_samples - self.start)
+
+    def __getitem__(self, i: int) -> dict:
+        rng = np.random.default_rng([self.stream_seed, self.start + i, 11])
+        keys = rng.choice(len(self.KEYS), self.n_pairs, replace=False)
+        values = rng.integers(len(self.VALUES), size=self.n_pairs) + self.VALUES.start
+        ids = np.full(self.seq_len, self.pad_id, dtype=np.int64)
+        labels = np.full(self.seq_len, -100, dtype=np.int64)
+        ids[0:2 * self.n_pairs:2], ids[1:2 * self.n_pairs:2] = keys, values
+        n_queries = (self.seq_len - 2 * self.n_pairs) // 2
+        q = rng.integers(self.n_pairs, size=n_queries)
+        pos = 2 * self.n_pairs + 2 * np.arange(n_queries)
+        ids[pos], ids[pos + 1], labels[pos + 1] = keys[q], values[q], values[q]
+        if self.mask_id is not None:
+            ids[pos + 1] = self.mask_id
+        return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
+
+
+MQAR_PAIRS = {"train": 8, "val": 8, "calibration": 8, "id": 8, "shift": 16}  # shift: twice the pairs to recall
+MQAR_STREAMS = {"val": 1, "calibration": 2, "id": 3, "shift": 4}  # train uses the run's seed (+ 1000)
+
+
+# ----------------------------------------------------------------------------------------- DataModule
+
+
+class HeadroomData(pl.LightningDataModule):
+    """All splits of one data source for one family. Call `prepare()` (idempotent) before building a model: it
+    loads the corpus and tokenizer and fixes `vocab_size`."""
+
+    def __init__(self, data: DataConfig, train: TrainConfig, family: str = "decoder", num_workers: int = 0):
+        super().__init__()
+        self.data, self.train_cfg, self.family, self.num_workers = data, train, family, num_workers
+        self.corpus: Corpus | None = None
+        self.tokenizer = None
+        self.streams: dict[str, np.ndarray] = {}
+        self.samples_consumed = 0
+        self._prepared = False
+
+    # ---- loading
+    def prepare(self) -> "HeadroomData":
+        if self._prepared:
+            return self
+        if self.data.source == "mqar":
+            self.tokenizer = ByteTokenizer()
+            params = {"pairs": MQAR_PAIRS, "streams": MQAR_STREAMS}
+            self.corpus_hash = "mqar-" + hashlib.sha256(json.dumps(params).encode()).hexdigest()[:11]
+            self.shift_note = "MQAR with twice as many key-value pairs to recall (16 instead of 8)"
+        else:
+            self.corpus = load_corpus(self.data)
+            self.tokenizer = make_tokenizer(self.data, self.corpus)
+            self.streams = {s: encode_docs(self.tokenizer, d) for s, d in self.corpus.splits.items() if d}
+            self.corpus_hash = self.corpus.corpus_hash
+            if self.tokenizer.name != "byte":
+                self.corpus_hash += "-" + hashlib.sha256(self.tokenizer.name.encode()).hexdigest()[:6]
+            self.shift_note = self.corpus.shift_note
+            seq = self.train_cfg.seq_len
+            for s in ("val", "calibration", "id"):
+                if len(self.streams.get(s, ())) < seq:
+                    raise HeadroomInputError(f"data {self.data.source}: the {s} split has fewer than {seq} tokens")
+        if self.family == "encoder" and self.tokenizer.mask_id is None:
+            raise HeadroomInputError("tokenizer has no mask token; the encoder family needs one")
+        self._prepared = True
+        return self
+
+    @property
+    def vocab_size(self) -> int:
+        return self.prepare().tokenizer.vocab_size
+
+    @property
+    def eval_sets(self) -> list[str]:
+        self.prepare()
+        if self.data.source == "mqar":
+            return list(EVAL_SETS)
+        return [s for s in EVAL_SETS if len(self.streams.get(s, ())) >= self.train_cfg.seq_len]
+
+    def unigram_entropy(self, split: str = "val") -> float:
+        """nats/token of the split's empirical unigram distribution (over the tokens the loss predicts)."""
+        self.prepare()
+        return unigram_entropy_of(self.streams[split], self.vocab_size)
+
+    # ---- datasets
+    def _mlm(self) -> dict | None:
+        if self.family != "encoder":
+            return None
+        tok = self.tokenizer
+        n_regular = 256 if tok.name == "byte" else tok.vocab_size
+        return {"prob": self.train_cfg.mlm_probability, "mask_id": tok.mask_id, "n_regular": n_regular}
+
+    def train_dataset(self, start: int = 0) -> Dataset:
+        self.prepare()
+        t = self.train_cfg
+        n = t.steps * t.batch_size
+        if self.data.source == "mqar":
+            return MQAR(t.seq_len, MQAR_PAIRS["train"], 1000 + t.seed, n, start, self._mask_id())
+        return TrainWindows(self.streams["train"], t.seq_len, t.seed, n, start, self._mlm())
+
+    def _mask_id(self):
+        return self.tokenizer.mask_id if self.family == "encoder" else None
+
+    def split_dataset(self, split: str, n_windows: int) -> Dataset:
+        self.prepare()
+        if self.data.source == "mqar":
+            return MQAR(self.train_cfg.seq_len, MQAR_PAIRS[split], MQAR_STREAMS[split], n_windows,
+                        mask_id=self._mask_id())
+        if split not in self.streams:
+            raise HeadroomInputError(f"data {self.data.source}: no {split} split")
+        return EvalWindows(self.streams[split], self.train_cfg.seq_len, n_windows, self._mlm())
+
+    def loader(self, split: str, n_batches: int, batch_size: int | None = None) -> DataLoader:
+        """Fixed batches of a held-out split (val, calibration, id, shift)."""
+        bs = batch_size or self.train_cfg.batch_size
+        return DataLoader(self.split_dataset(split, n_batches * bs), batch_size=bs, shuffle=False,
+                          num_workers=self.num_workers)
+
+    # ---- Lightning hooks
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_dataset(self.samples_consumed), batch_size=self.train_cfg.batch_size,
+                          shuffle=False, drop_last=True, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader("val", self.train_cfg.val_batches)
+
+    def state_dict(self) -> dict:
+        step = self.trainer.global_step if self.trainer is not None else 0
+        return {"samples_consumed": step * self.train_cfg.batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.samples_consumed = int(state.get("samples_consumed", 0))

@@ -1,0 +1,139 @@
+"""The LightningModule: causal-LM or masked-LM loss, AdamW with warmup + cosine decay, the metrics of DESIGN.md.
+
+A Lightning checkpoint of `HeadroomLM` carries the ModelConfig and TrainConfig as hyper-parameters, so
+`load_lm(path)` rebuilds the model from the checkpoint alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytorch_lightning as pl
+import torch
+
+from .config import EOS_ID, PAD_ID, ModelConfig, TrainConfig
+from .models import build_model, count_parameters, token_losses
+
+
+def lr_lambda(cfg: TrainConfig, total_steps: int | None = None):
+    """Multiplier of the peak lr at a step: linear warmup, then cosine (or linear) decay to min_lr_ratio."""
+    total = total_steps or cfg.steps
+    warm = min(cfg.warmup_steps, max(total - 1, 0))
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        if cfg.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warm) / max(1, total - warm))
+        decay = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay
+
+    return f
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig):
+    """AdamW; weight decay on matrices only (not on biases and norm gains). The same for the Lightning module and
+    for the plain loop of benchmarks/train_overhead.py."""
+    seen, decay, no_decay = set(), [], []
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    kw = {"fused": True} if torch.cuda.is_available() else {}
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **kw)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+    return opt, sched
+
+
+def resolve_precision(precision: str) -> str:
+    if precision != "auto":
+        return precision
+    return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
+
+
+@torch.no_grad()
+def evaluate(model, loader, max_batches: int | None = None) -> dict:
+    """Mean loss (nats/token over the predicted tokens) and perplexity of `model` on the batches of `loader`."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    with autocast:
+        for i, batch in enumerate(loader):
+            if max_batches is not None and i >= max_batches:
+                break
+            batch = {k: v.to(device) for k, v in batch.items()}
+            s, n = token_losses(model, batch)
+            total += float(s.sum())
+            count += int(n.sum())
+    model.train(was_training)
+    loss = total / max(count, 1)
+    return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens": count}
+
+
+class HeadroomLM(pl.LightningModule):
+    """Trains one transformers model built from `model_config` (a ModelConfig dict)."""
+
+    def __init__(self, model_config: dict, train_config: dict, pad_id: int = PAD_ID, eos_id: int = EOS_ID,
+                 meta: dict | None = None):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model_cfg = ModelConfig(**model_config)
+        self.train_cfg = TrainConfig(**train_config)
+        self.model = build_model(self.model_cfg, seed=self.train_cfg.seed, pad_id=pad_id, eos_id=eos_id)
+        self.n_params = count_parameters(self.model)
+        self._t0: float | None = None
+        self._val = [0.0, 0]
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        s, n = token_losses(self.model, batch)
+        return s.sum() / n.sum().clamp_min(1)
+
+    # ---- training
+    def on_train_batch_start(self, batch, batch_idx):
+        self._t0 = time.perf_counter()
+
+    def training_step(self, batch, batch_idx):
+        loss = self(batch)
+        self.log("train/loss", loss, on_step=True, prog_bar=True)
+        return loss
+
+    def on_before_optimizer_step(self, optimizer):
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grads:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+            self.log("train/grad_norm", norm, on_step=True)
+        self.log("train/lr", optimizer.param_groups[0]["lr"], on_step=True)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self._t0 is not None:
+            dt = time.perf_counter() - self._t0
+            self.log("train/tokens_per_s", batch["input_ids"].numel() / max(dt, 1e-9), on_step=True)
+
+    # ---- validation
+    def on_validation_epoch_start(self):
+        self._val = [0.0, 0]
+
+    def validation_step(self, batch, batch_idx):
+        s, n = token_losses(self.model, batch)
+        self._val[0] += float(s.sum())
+        self._val[1] += int(n.sum())
+
+    def on_validation_epoch_end(self):
+        loss = self._val[0] / max(self._val[1], 1)
+        self.log("val/loss", loss, prog_bar=True)
+        self.log("val/ppl", math.exp(min(loss, 50.0)))
+
+    def configure_optimizers(self):
+        opt, sched = make_optimizer(self.model, self.train_cfg)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def load_lm(checkpoint_path: str, map_location: str = "cpu") -> HeadroomLM:
+    """Rebuild a HeadroomLM (model config included) from a Lightning checkpoint file."""
+    return HeadroomLM.load_from_checkpoint(checkpoint_path, map_location=map_location, weights_only=False)

@@ -1,0 +1,143 @@
+"""Train one model with Lightning and evaluate it on every split: what `headroom train` and a sweep's train trial
+run. Knows nothing of Ray or MLflow; those come in through `callbacks` and `logger`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+
+from .config import DataConfig, ModelConfig, TrainConfig, check_compatible, flops_per_token, param_counts
+from .data import HeadroomData
+from .lm import HeadroomLM, evaluate, resolve_precision
+from .models import save_model
+
+
+class _TrainClock(Callback):
+    """Wall time inside training steps only (no validation, no checkpointing): the honest tokens/s."""
+
+    def __init__(self):
+        self.seconds, self.steps, self._t = 0.0, 0, 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._t = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.seconds += time.perf_counter() - self._t
+        self.steps += 1
+
+
+@dataclass
+class TrainResult:
+    lm: HeadroomLM
+    data: HeadroomData
+    metrics: dict = field(default_factory=dict)
+
+
+def build_trainer(train_cfg: TrainConfig, checkpoint_dir: str | os.PathLike | None, *, callbacks=(),
+                  logger=None, progress: bool = True, checkpoint_every: int | None = None) -> pl.Trainer:
+    cbs = list(callbacks)
+    if checkpoint_dir is not None:
+        # one rolling checkpoint: a resumed run continues from the newest step, not from a chosen best
+        cbs.append(ModelCheckpoint(dirpath=str(checkpoint_dir), filename="last", save_top_k=1,
+                                   every_n_train_steps=checkpoint_every or train_cfg.val_every,
+                                   enable_version_counter=False, save_on_exception=False))
+    return pl.Trainer(
+        max_steps=train_cfg.steps,
+        accelerator="auto",
+        devices=1,
+        precision=resolve_precision(train_cfg.precision),
+        gradient_clip_val=train_cfg.grad_clip or None,
+        val_check_interval=min(train_cfg.val_every, train_cfg.steps),
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        logger=logger if logger is not None else False,
+        log_every_n_steps=1,
+        enable_checkpointing=checkpoint_dir is not None,
+        enable_progress_bar=progress,
+        enable_model_summary=False,
+        callbacks=cbs,
+    )
+
+
+def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfig, *,
+             checkpoint_dir: str | os.PathLike | None = None, ckpt_path: str | None = None, callbacks=(),
+             logger=None, progress: bool = True, checkpoint_every: int | None = None,
+             data: HeadroomData | None = None) -> TrainResult:
+    """Fit a model of `model_cfg` (its vocab size is set from the tokenizer), then evaluate it on the val split
+    and every eval set. `ckpt_path` resumes a run from a Lightning checkpoint (data order included)."""
+    dm = data or HeadroomData(data_cfg, train_cfg, model_cfg.family)
+    dm.prepare()
+    if model_cfg.vocab_size != dm.vocab_size:
+        model_cfg = model_cfg.model_copy(update={"vocab_size": dm.vocab_size})
+    check_compatible(model_cfg, train_cfg)
+    tok = dm.tokenizer
+    lm = HeadroomLM(model_cfg.model_dump(mode="json"), train_cfg.model_dump(mode="json"), pad_id=tok.pad_id,
+                    eos_id=tok.eos_id, meta={"corpus_hash": dm.corpus_hash, "data": data_cfg.model_dump(mode="json"),
+                                             "tokenizer": tok.name})
+    clock = _TrainClock()
+    trainer = build_trainer(train_cfg, checkpoint_dir, callbacks=[clock, *callbacks], logger=logger,
+                            progress=progress, checkpoint_every=checkpoint_every)
+    t0 = time.time()
+    trainer.fit(lm, datamodule=dm, ckpt_path=ckpt_path)
+    wall = time.time() - t0
+    if trainer.interrupted:
+        raise KeyboardInterrupt
+    metrics = evaluate_all(lm.model, dm, train_cfg.eval_batches)
+    tokens = clock.steps * train_cfg.batch_size * train_cfg.seq_len
+    counts = param_counts(model_cfg)
+    metrics.update(
+        steps=int(trainer.global_step),
+        tokens_per_s=tokens / max(clock.seconds, 1e-9),
+        train_seconds=wall,
+        params=counts.total,
+        params_attention=counts.attention,
+        flops_per_token=flops_per_token(model_cfg, train_cfg.seq_len).total,
+        corpus_hash=dm.corpus_hash,
+        tokenizer=tok.name,
+        eval_sets=dm.eval_sets,
+        shift_note=dm.shift_note,
+        model_config=model_cfg.model_dump(mode="json"),
+        train_config=train_cfg.model_dump(mode="json"),
+        data_config=data_cfg.model_dump(mode="json"),
+    )
+    return TrainResult(lm, dm, metrics)
+
+
+def evaluate_all(model, dm: HeadroomData, n_batches: int) -> dict:
+    """{"final": {split: {"loss", "ppl", "tokens"}}} for val and every eval set."""
+    return {"final": {s: evaluate(model, dm.loader(s, n_batches)) for s in ["val", *dm.eval_sets]}}
+
+
+def write_run(result: TrainResult, out_dir: str | os.PathLike, checkpoint: str | os.PathLike | None) -> None:
+    """Write model/ (transformers format), last.ckpt (Lightning, rebuilds the model alone) and metrics.json."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_model(result.lm.model, out / "model", result.data.tokenizer)
+    if checkpoint is not None and Path(checkpoint).exists():
+        os.replace(checkpoint, out / "last.ckpt")
+    (out / "metrics.json").write_text(json.dumps(_finite(result.metrics), indent=2) + "\n")
+
+
+def _finite(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def set_threads() -> None:
+    """Use the cores we are given (Ray sets OMP_NUM_THREADS for a trial; a bare CLI run uses all)."""
+    n = os.environ.get("OMP_NUM_THREADS")
+    if n and n.isdigit():
+        torch.set_num_threads(int(n))
