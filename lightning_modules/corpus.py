@@ -55,18 +55,20 @@ def _unit_fraction(key: str) -> float:
     return int(hashlib.sha256(key.encode()).hexdigest()[:12], 16) / 16**12
 
 
-def assign_split(key: str, cfg: DataConfig) -> str:
-    """The split of a document, from its name alone."""
-    u = _unit_fraction(key)
-    if u < cfg.val_fraction:
-        return "val"
-    u -= cfg.val_fraction
-    if u < cfg.calibration_fraction:
-        return "calibration"
-    u -= cfg.calibration_fraction
-    if u < cfg.eval_fraction:
-        return "id"
-    return "train"
+def assign_splits(keys: list[str], cfg: DataConfig) -> list[str]:
+    """The split of each document, from the hashes of the names alone: documents are ordered by hash and the
+    first round(f·N) (at least one) go to val, the next to calibration, then id; the rest train. Ranking instead
+    of thresholding keeps small corpora from leaving a split empty by chance."""
+    n = len(keys)
+    sizes = [max(1, round(f * n)) for f in (cfg.val_fraction, cfg.calibration_fraction, cfg.eval_fraction)]
+    order = sorted(range(n), key=lambda i: (_unit_fraction(keys[i]), keys[i]))
+    out = ["train"] * n
+    pos = 0
+    for split, size in zip(("val", "calibration", "id"), sizes):
+        for i in order[pos:pos + size]:
+            out[i] = split
+        pos += size
+    return out
 
 
 def _blocks(text: str, size: int = BLOCK_CHARS) -> list[str]:
@@ -88,12 +90,12 @@ def _split_units(units: list[tuple[str, str]], cfg: DataConfig, what: str) -> di
     if len(units) < MIN_UNITS:
         units = [(f"{k}#{i}", b) for k, t in units for i, b in enumerate(_blocks(t))]
     splits: dict[str, list[str]] = {s: [] for s in ("train", "val", "calibration", "id")}
-    for key, text in units:
-        splits[assign_split(key, cfg)].append(text)
+    for (key, text), split in zip(units, assign_splits([k for k, _ in units], cfg)):
+        splits[split].append(text)
     empty = [s for s, docs in splits.items() if not docs]
-    if empty:
+    if empty or len(units) < 4:
         raise HeadroomInputError(
-            f"data {what}: corpus too small to fill the {', '.join(empty)} split(s) ({len(units)} documents)"
+            f"data {what}: corpus too small to fill the train, val, calibration and id splits ({len(units)} documents)"
         )
     return splits
 
@@ -249,10 +251,13 @@ def load_hf(cfg: DataConfig) -> Corpus:
     test_rows = rows.get("test")
     if train_rows and val_rows and test_rows:
         # the dataset's own splits: validation -> val, test -> id; calibration carved out of train by hash
-        cal = [t for i, t in enumerate(train_rows) if assign_split(f"train/{i}", cfg) == "calibration"]
-        train = [t for i, t in enumerate(train_rows) if assign_split(f"train/{i}", cfg) != "calibration"]
-        if not cal:
+        n_cal = max(1, round(cfg.calibration_fraction * len(train_rows)))
+        if n_cal >= len(train_rows):
             raise HeadroomInputError(f"data {cfg.source}: train split too small to carve a calibration set")
+        ranked = sorted(range(len(train_rows)), key=lambda i: _unit_fraction(f"train/{i}"))
+        cal_idx = set(ranked[:n_cal])
+        cal = [t for i, t in enumerate(train_rows) if i in cal_idx]
+        train = [t for i, t in enumerate(train_rows) if i not in cal_idx]
         splits = {"train": train, "val": val_rows, "calibration": cal, "id": test_rows}
     else:
         units = [(f"{s}/{i}", t) for s, docs in sorted(rows.items()) for i, t in enumerate(docs)]

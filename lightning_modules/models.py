@@ -1,9 +1,15 @@
 """Build headroom's two model families from transformers v5 classes, and save/load any supported checkpoint.
 
 * `decoder` — `LlamaForCausalLM` (RoPE, RMSNorm, SwiGLU, no biases), tied embeddings.
-* `encoder` — `BertForMaskedLM` (learned positions, LayerNorm, GELU) with an explicit head_dim: BERT ties head size
-  to d_model/H, so headroom builds it with one head and reshapes the attention of each layer to H heads of
-  head_dim (heads.reshape_layers), then initialises those weights the way BERT does.
+* `encoder` — `BertForMaskedLM` (post-LayerNorm, GELU, learned absolute positions) with two headroom changes:
+  - an explicit head_dim: BERT ties head size to d_model/H, so headroom builds it with a placeholder head count
+    and reshapes the attention of each layer to H heads of head_dim (heads.reshape_layers), initialised as BERT
+    initialises them;
+  - rotary position embeddings on queries and keys (as RoFormer, Su et al. 2021), through transformers'
+    AttentionInterface (`headroom_rope_sdpa` / `headroom_rope_eager`). Why: with learned absolute positions only,
+    a small byte-level masked LM keeps near-uniform attention and stays at the bag-of-bytes plateau (measured
+    on the stdlib corpus at scale xs: val 2.69 nats/byte after 1000 steps against a unigram entropy of 2.86);
+    with rotary positions it reaches 2.31 in 300 steps. Plain BERT checkpoints keep their own attention.
 
 Every model headroom makes or prunes records `config.headroom` (its ModelConfig, the heads of each layer, the
 head_dim) and `load_model` rebuilds it from that. Plain Llama, GPT-2 and BERT checkpoint directories load too.
@@ -36,6 +42,8 @@ def _quiet_transformers():
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    if f"{ROTARY}_sdpa" not in transformers.AttentionInterface._global_mapping:
+        _register_rotary()
     return transformers
 
 
@@ -45,6 +53,62 @@ def plain_heads(cfg: ModelConfig) -> bool:
     if not cfg.uniform or cfg.d_model % cfg.n_heads:
         return False
     return cfg.family == "decoder" or cfg.d_model // cfg.n_heads == cfg.head_dim
+
+
+# ------------------------------------------------------------------------------- rotary BERT attention
+
+ROTARY = "headroom_rope"
+_ROPE_CACHE: dict = {}
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x_BHTd: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotate query/key vectors by their position (positions 0..T-1; an encoder has no cache)."""
+    t, d = x_BHTd.shape[-2], x_BHTd.shape[-1]
+    key = (t, d, base, x_BHTd.device, x_BHTd.dtype)
+    if key not in _ROPE_CACHE:
+        inv = 1.0 / (base ** (torch.arange(0, d, 2, device=x_BHTd.device).float() / d))
+        freqs = torch.outer(torch.arange(t, device=x_BHTd.device).float(), inv)
+        emb = torch.cat([freqs, freqs], dim=-1)  # [T, d]
+        _ROPE_CACHE[key] = (emb.cos().to(x_BHTd.dtype), emb.sin().to(x_BHTd.dtype))
+    cos, sin = _ROPE_CACHE[key]
+    return x_BHTd * cos + _rotate_half(x_BHTd) * sin
+
+
+def _register_rotary() -> None:
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+    from transformers.models.bert.modeling_bert import eager_attention_forward
+
+    def rope_sdpa(module, query, key, value, attention_mask, **kwargs):
+        return sdpa_attention_forward(module, apply_rotary(query), apply_rotary(key), value, attention_mask, **kwargs)
+
+    def rope_eager(module, query, key, value, attention_mask, **kwargs):
+        return eager_attention_forward(module, apply_rotary(query), apply_rotary(key), value, attention_mask, **kwargs)
+
+    AttentionInterface.register(f"{ROTARY}_sdpa", rope_sdpa)
+    AttentionInterface.register(f"{ROTARY}_eager", rope_eager)
+    AttentionMaskInterface.register(f"{ROTARY}_sdpa", sdpa_mask)
+    AttentionMaskInterface.register(f"{ROTARY}_eager", eager_mask)
+
+
+def is_rotary_encoder(model) -> bool:
+    return bool((getattr(model.config, "headroom", None) or {}).get("rotary"))
+
+
+def set_attention(model, kind: str = "sdpa") -> None:
+    """Switch the attention implementation (`sdpa`, or `eager`, which can return attention weights), keeping
+    headroom's rotary encoder rotary."""
+    name = f"{ROTARY}_{kind}" if is_rotary_encoder(model) else kind
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and hasattr(cfg, "_attn_implementation"):
+            cfg._attn_implementation = name
 
 
 def hf_config(cfg: ModelConfig, pad_id: int = PAD_ID, eos_id: int = EOS_ID):
@@ -69,6 +133,7 @@ def hf_config(cfg: ModelConfig, pad_id: int = PAD_ID, eos_id: int = EOS_ID):
         "model_config": cfg.model_dump(mode="json"),
         "layers": [{"heads": h, "kv_heads": h} for h in cfg.layer_heads],
         "head_dim": cfg.head_dim,
+        "rotary": cfg.family == "encoder",
     }
     return config
 
@@ -86,6 +151,7 @@ def build_model(cfg: ModelConfig, seed: int, pad_id: int = PAD_ID, eos_id: int =
     cls = tf.LlamaForCausalLM if cfg.family == "decoder" else tf.BertForMaskedLM
     torch.manual_seed(seed)
     model = cls(config)
+    set_attention(model, "sdpa")
     meta = config.headroom
     if _needs_reshape(model, meta["layers"], cfg.head_dim):
         reshape_layers(model, meta["layers"], cfg.head_dim)
@@ -185,6 +251,7 @@ def load_model(directory: str | os.PathLike):
         if _needs_reshape(model, meta["layers"], int(meta["head_dim"])):
             reshape_layers(model, meta["layers"], int(meta["head_dim"]))
         _load_state(model, d)
+        set_attention(model, "sdpa")
     else:
         try:
             model = cls.from_pretrained(str(d))

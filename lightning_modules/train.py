@@ -90,6 +90,9 @@ def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfi
     wall = time.time() - t0
     if trainer.interrupted:
         raise KeyboardInterrupt
+    if checkpoint_dir is not None:
+        # the rolling checkpoint is written every k steps; the final state must be the one on disk
+        trainer.save_checkpoint(str(Path(checkpoint_dir) / "last.ckpt"))
     metrics = evaluate_all(lm.model, dm, train_cfg.eval_batches)
     tokens = clock.steps * train_cfg.batch_size * train_cfg.seq_len
     counts = param_counts(model_cfg)

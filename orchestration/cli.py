@@ -94,6 +94,19 @@ def _check_out(out: str) -> Path:
     return p
 
 
+def _quiet_frameworks() -> None:
+    """Keep the terminal for progress and results: no framework banners, tips or deprecation chatter."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    warnings.filterwarnings("ignore", message=".*weights_only.*")
+    for name in ("pytorch_lightning", "lightning_fabric", "lightning.pytorch"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def cmd_train(args) -> int:
     # ---- validate everything first (no torch yet)
     model_cfg = model_config_for(args.scale, args.family, n_heads=args.heads, head_dim=args.head_dim)
@@ -111,6 +124,7 @@ def cmd_train(args) -> int:
     out = _check_out(args.out)
 
     # ---- now the frameworks
+    _quiet_frameworks()
     from lightning_modules.train import set_threads, train_lm, write_run
 
     set_threads()

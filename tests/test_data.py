@@ -1,0 +1,239 @@
+"""Data sources, splits, tokenisers and the seeded, resumable sample order — on local files the tests write."""
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_modules.config import DataConfig, HeadroomInputError, train_config_for
+from lightning_modules.corpus import (
+    STDLIB_SHIFT_PACKAGES,
+    check_source,
+    load_corpus,
+    make_tokenizer,
+    stdlib_files,
+    unigram_entropy_of,
+)
+from lightning_modules.data import MQAR, EvalWindows, HeadroomData, TrainWindows, mlm_mask
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _write_corpus(root, n: int, prefix: str = "doc", words=("alpha", "beta", "gamma", "delta")):
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        body = " ".join(words[(i * j) % len(words)] for j in range(200))
+        (root / f"{prefix}{i:03d}.txt").write_text(f"{prefix} number {i}\n{body}\n")
+    return root
+
+
+# ------------------------------------------------------------------------------------------- stdlib
+
+
+def test_stdlib_excludes_tests_and_idle():
+    rels = [r for r, _ in stdlib_files()]
+    assert len(rels) > 300
+    for r in rels:
+        parts = r.split("/")
+        assert not {"test", "tests", "idlelib", "site-packages"} & set(parts[:-1]), r
+
+
+def test_stdlib_splits_are_deterministic_and_shift_is_held_out():
+    a, b = load_corpus(DataConfig()), load_corpus(DataConfig())
+    assert a.corpus_hash == b.corpus_hash and len(a.corpus_hash) == 16
+    assert a.eval_sets == ["id", "shift"]
+    assert all(a.splits[s] for s in ("train", "val", "calibration", "id", "shift"))
+    # the shifted set is exactly the held-out packages, and none of it is in any other split
+    shift_files = {_digest(p.read_text(encoding="utf-8", errors="replace")) for r, p in stdlib_files()
+                   if r.split("/")[0] in STDLIB_SHIFT_PACKAGES}
+    shift_files.discard(_digest(""))
+    assert {_digest(d) for d in a.splits["shift"]} <= shift_files
+    others = {_digest(d) for s in ("train", "val", "calibration", "id") for d in a.splits[s]}
+    assert not shift_files & others
+    # the training split is most of the text
+    assert a.n_chars("train") > 0.7 * sum(a.n_chars(s) for s in ("train", "val", "calibration", "id"))
+    # a different split rule is a different corpus
+    assert load_corpus(DataConfig(val_fraction=0.05)).corpus_hash != a.corpus_hash
+
+
+# ---------------------------------------------------------------------------------------- path:GLOB
+
+
+def test_path_source_splits_every_file_once_and_hash_tracks_content(tmp_path):
+    _write_corpus(tmp_path / "c", 80)
+    _write_corpus(tmp_path / "s", 5, prefix="shifted", words=("zeta", "eta"))
+    cfg = DataConfig(source=f"path:{tmp_path}/c/*.txt", shift=f"path:{tmp_path}/s/*.txt")
+    corpus = load_corpus(cfg)
+    pooled = [d for s in ("train", "val", "calibration", "id") for d in corpus.splits[s]]
+    assert sorted(pooled) == sorted(p.read_text() for p in (tmp_path / "c").glob("*.txt"))
+    assert all(corpus.splits[s] for s in ("train", "val", "calibration", "id"))
+    assert len(corpus.splits["shift"]) == 5 and corpus.eval_sets == ["id", "shift"]
+    h = corpus.corpus_hash
+    (tmp_path / "c" / "doc000.txt").write_text("changed\n" * 50)
+    assert load_corpus(cfg).corpus_hash != h
+    # without a shift glob there is no shifted set, and the corpus says so
+    plain = load_corpus(DataConfig(source=f"path:{tmp_path}/c/*.txt"))
+    assert plain.eval_sets == ["id"] and plain.shift_note is None
+
+
+def test_few_files_are_cut_into_blocks(tmp_path):
+    for i in range(3):
+        (tmp_path / f"big{i}.txt").write_text("".join(f"line {j} of file {i}\n" for j in range(3000)))
+    corpus = load_corpus(DataConfig(source=f"path:{tmp_path}/*.txt"))
+    assert all(corpus.splits[s] for s in ("train", "val", "calibration", "id"))
+
+
+@pytest.mark.parametrize("setup,match", [
+    (lambda d: None, "no files match"),
+    (lambda d: [(d / f"e{i}.txt").write_text("") for i in range(3)], "empty"),
+])
+def test_path_source_bad_input(tmp_path, setup, match):
+    setup(tmp_path)
+    cfg = DataConfig(source=f"path:{tmp_path}/*.txt")
+    with pytest.raises(HeadroomInputError, match=match):
+        check_source(cfg)
+    with pytest.raises(HeadroomInputError, match=match):
+        load_corpus(cfg)
+
+
+def test_unknown_source_string():
+    with pytest.raises(ValueError, match="unknown data source"):
+        DataConfig(source="ftp://x")
+
+
+# -------------------------------------------------------------------------------------- hf:NAME[:CFG]
+
+
+def test_hf_source_through_datasets_on_local_files(tmp_path):
+    """The `datasets.load_dataset` code path that reads a hub dataset, on a local directory of text files."""
+    d = tmp_path / "ds"
+    d.mkdir()
+    lines = {split: [f"{split} sentence {i} " + "word " * (i % 7 + 3) for i in range(n)]
+             for split, n in (("train", 400), ("validation", 40), ("test", 40))}
+    for split, ls in lines.items():
+        (d / f"{split}.txt").write_text("\n".join(ls) + "\n")
+    corpus = load_corpus(DataConfig(source=f"hf:{d}"))
+    assert corpus.splits["val"] == lines["validation"]
+    assert corpus.splits["id"] == lines["test"]
+    assert set(corpus.splits["calibration"]) | set(corpus.splits["train"]) == set(lines["train"])
+    assert not set(corpus.splits["calibration"]) & set(corpus.splits["train"])
+    assert corpus.eval_sets == ["id"]
+    # a dataset with one split is divided by the same hash rule as files
+    d2 = tmp_path / "one"
+    d2.mkdir()
+    (d2 / "train.txt").write_text("\n".join(lines["train"]) + "\n")
+    one = load_corpus(DataConfig(source=f"hf:{d2}"))
+    assert all(one.splits[s] for s in ("train", "val", "calibration", "id"))
+
+
+def test_hf_missing_local_directory():
+    with pytest.raises(HeadroomInputError, match="no such directory"):
+        check_source(DataConfig(source="hf:/nonexistent/dataset"))
+
+
+# ------------------------------------------------------------------------------------------ tokenisers
+
+
+def test_bpe_trained_on_train_split_and_cached(tmp_path, cache_dir):
+    _write_corpus(tmp_path / "c", 60)
+    cfg = DataConfig(source=f"path:{tmp_path}/c/*.txt", tokenizer="bpe", bpe_vocab_size=300)
+    corpus = load_corpus(cfg)
+    tok = make_tokenizer(cfg, corpus)
+    assert tok.vocab_size <= 300 and tok.mask_id is not None and tok.eos_id is not None
+    text = "alpha beta gamma delta"
+    assert tok.decode(tok.encode(text)) == text
+    assert len(tok.encode(text)) < len(text.encode())  # merges learned
+    cached = list((cache_dir / "bpe").glob(f"{corpus.corpus_hash}-300.json"))
+    assert len(cached) == 1
+    mtime = cached[0].stat().st_mtime_ns
+    make_tokenizer(cfg, corpus)
+    assert cached[0].stat().st_mtime_ns == mtime  # reused, not retrained
+
+
+def test_byte_tokenizer_round_trip_and_unigram_entropy():
+    tok = make_tokenizer(DataConfig(), None)
+    s = "déjà vu — ok"
+    assert tok.decode(tok.encode(s)) == s
+    # hand-computed: two symbols, equally frequent → ln 2
+    assert unigram_entropy_of(np.array([0, 1, 0, 1]), 260) == pytest.approx(np.log(2))
+
+
+# ------------------------------------------------------------------------------------- sample order
+
+
+def test_train_order_is_seeded_and_resumable():
+    stream = np.arange(10_000, dtype=np.int32) % 256
+    a = TrainWindows(stream, 32, seed=0, n_samples=700)
+    b = TrainWindows(stream, 32, seed=1, n_samples=700)
+    starts_a = [a.start_of(j) for j in range(700)]
+    assert starts_a != [b.start_of(j) for j in range(700)]
+    # one epoch visits every window once, then the next epoch reshuffles
+    epoch = starts_a[:a.n_windows]
+    assert len(set(epoch)) == a.n_windows
+    assert starts_a[a.n_windows:2 * a.n_windows] != epoch
+    # resuming at sample k gives exactly the samples an uninterrupted run would see
+    resumed = TrainWindows(stream, 32, seed=0, n_samples=700, start=250)
+    assert len(resumed) == 450
+    for i in (0, 1, 57, 449):
+        assert torch.equal(resumed[i]["input_ids"], a[250 + i]["input_ids"])
+
+
+def test_mlm_masking():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 256, 20_000)
+    inputs, labels = mlm_mask(ids, np.random.default_rng(1), 0.15, mask_id=257, n_regular=256)
+    chosen = labels != -100
+    assert 0.14 < chosen.mean() < 0.16
+    assert np.array_equal(labels[chosen], ids[chosen])
+    assert np.array_equal(inputs[~chosen], ids[~chosen])
+    frac_mask = (inputs[chosen] == 257).mean()
+    frac_same = (inputs[chosen] == ids[chosen]).mean()
+    assert 0.77 < frac_mask < 0.83 and 0.08 < frac_same < 0.13
+
+
+def test_eval_windows_are_fixed_for_every_run():
+    stream = np.arange(5_000, dtype=np.int32) % 256
+    mlm = {"prob": 0.15, "mask_id": 257, "n_regular": 256}
+    a, b = EvalWindows(stream, 64, 20, mlm), EvalWindows(stream, 64, 20, mlm)
+    assert len(a) == 20
+    for i in range(20):
+        assert torch.equal(a[i]["input_ids"], b[i]["input_ids"]) and torch.equal(a[i]["labels"], b[i]["labels"])
+
+
+def test_mqar_answers_are_the_recalled_values():
+    ds = MQAR(seq_len=64, n_pairs=8, stream_seed=0, n_samples=5)
+    for i in range(5):
+        x, y = ds[i]["input_ids"].tolist(), ds[i]["labels"].tolist()
+        table = dict(zip(x[0:16:2], x[1:16:2]))
+        answers = [t for t in range(len(y)) if y[t] != -100]
+        assert len(answers) == (64 - 16) // 2
+        for t in answers:
+            assert x[t - 1] in table and y[t] == table[x[t - 1]]
+    enc = MQAR(seq_len=64, n_pairs=8, stream_seed=0, n_samples=1, mask_id=257)[0]
+    assert (enc["input_ids"][enc["labels"] != -100] == 257).all()
+
+
+def test_datamodule_splits_and_vocab(tmp_path):
+    _write_corpus(tmp_path / "c", 60)
+    tcfg = train_config_for("xs", seq_len=64, batch_size=4)
+    dm = HeadroomData(DataConfig(source=f"path:{tmp_path}/c/*.txt"), tcfg, "encoder").prepare()
+    assert dm.vocab_size == 260 and dm.eval_sets == ["id"]
+    batch = next(iter(dm.loader("calibration", 1)))
+    assert batch["input_ids"].shape == (4, 64)
+    assert ((batch["labels"] != -100).sum(1) > 0).all()
+    mq = HeadroomData(DataConfig(source="mqar"), tcfg, "decoder").prepare()
+    assert mq.eval_sets == ["id", "shift"] and mq.corpus_hash.startswith("mqar-")
+    shift = next(iter(mq.loader("shift", 1)))
+    assert (shift["labels"] != -100).sum() > 0
+
+
+def test_split_too_small_for_seq_len(tmp_path):
+    for i in range(60):  # 60 short files: each held-out split gets a single short document
+        (tmp_path / f"f{i}.txt").write_text(f"short file {i}\n")
+    dm = HeadroomData(DataConfig(source=f"path:{tmp_path}/*.txt"), train_config_for("xs", seq_len=256), "decoder")
+    with pytest.raises(HeadroomInputError, match="fewer than 256 tokens"):
+        dm.prepare()

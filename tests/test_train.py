@@ -1,0 +1,98 @@
+"""Training for real on the embedded corpus: models learn, checkpoints rebuild the model alone, a resumed run
+continues exactly where it stopped."""
+
+import json
+
+import pytest
+import torch
+from pytorch_lightning.callbacks import Callback
+
+from lightning_modules.config import DataConfig, model_config_for, train_config_for
+from lightning_modules.data import HeadroomData
+from lightning_modules.lm import evaluate, load_lm
+from lightning_modules.models import load_model
+from lightning_modules.train import train_lm
+
+MARGIN = 0.3  # nats/byte below the unigram entropy of the same split
+
+
+def test_decoder_beats_unigram_entropy(xs_decoder_metrics):
+    m = xs_decoder_metrics
+    dm = HeadroomData(DataConfig(), train_config_for("xs")).prepare()
+    unigram = dm.unigram_entropy("val")
+    val = m["final"]["val"]["loss"]
+    print(f"\nxs decoder: val loss {val:.3f} nats/byte, unigram entropy {unigram:.3f}")
+    assert val <= unigram - MARGIN
+    assert set(m["final"]) == {"val", "id", "shift"}
+    assert m["corpus_hash"] == dm.corpus_hash and m["params"] > 0 and m["tokens_per_s"] > 0
+
+
+def test_encoder_beats_unigram_entropy(xs_encoder):
+    unigram = xs_encoder.data.unigram_entropy("val")
+    val = xs_encoder.metrics["final"]["val"]["loss"]
+    print(f"\nxs encoder: masked-token val loss {val:.3f} nats/byte, unigram entropy {unigram:.3f}")
+    assert val <= unigram - MARGIN
+
+
+def test_checkpoint_alone_rebuilds_the_model(xs_decoder_run):
+    lm = load_lm(str(xs_decoder_run / "last.ckpt"))
+    assert lm.model_cfg.family == "decoder" and lm.model_cfg.n_heads == 8
+    saved = load_model(xs_decoder_run / "model")
+    ids = torch.randint(0, 256, (2, 40))
+    with torch.no_grad():
+        assert torch.equal(lm.model.eval()(input_ids=ids).logits, saved(input_ids=ids).logits)
+
+
+def test_cli_run_is_a_plain_transformers_checkpoint(xs_decoder_run):
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(str(xs_decoder_run / "model")).eval()
+    ours = load_model(xs_decoder_run / "model")
+    ids = torch.randint(0, 256, (2, 40))
+    with torch.no_grad():
+        assert torch.equal(plain(input_ids=ids).logits, ours(input_ids=ids).logits)
+    metrics = json.loads((xs_decoder_run / "metrics.json").read_text())
+    assert metrics["model_config"]["n_heads"] == 8 and metrics["steps"] > 0
+
+
+def test_position_order_matters_to_the_decoder(xs_decoder_run):
+    """RoPE and the causal mask: permuting the context changes what the last position predicts."""
+    model = load_model(xs_decoder_run / "model")
+    text = b"def main(argv):\n    return 0\n"
+    ids = torch.tensor([list(text)])
+    perm = torch.cat([torch.randperm(ids.shape[1] - 1, generator=torch.Generator().manual_seed(0)),
+                      torch.tensor([ids.shape[1] - 1])])
+    with torch.no_grad():
+        a = model(input_ids=ids).logits[0, -1]
+        b = model(input_ids=ids[:, perm]).logits[0, -1]
+    assert (a - b).abs().max() > 1e-2
+
+
+class _StopAt(Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+def test_resume_continues_exactly(tmp_path, family):
+    """Stop at step 6 of 12, resume from the checkpoint: the weights equal an uninterrupted 12-step run's."""
+    mcfg = model_config_for("xs", family)
+    tcfg = train_config_for("xs", steps=12, val_every=6, warmup_steps=3, batch_size=4, seq_len=64,
+                            eval_batches=1, val_batches=1)
+    data = DataConfig()
+    straight = train_lm(mcfg, tcfg, data, progress=False)
+    train_lm(mcfg, tcfg, data, checkpoint_dir=tmp_path / "ck", checkpoint_every=6, progress=False,
+             callbacks=[_StopAt(6)])
+    assert torch.load(tmp_path / "ck" / "last.ckpt", weights_only=False)["global_step"] == 6
+    resumed = train_lm(mcfg, tcfg, data, ckpt_path=str(tmp_path / "ck" / "last.ckpt"), progress=False)
+    assert resumed.metrics["steps"] == 12
+    a, b = straight.lm.model.state_dict(), resumed.lm.model.state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5, msg=k)
+    dm = straight.data
+    assert evaluate(resumed.lm.model, dm.loader("val", 1))["loss"] == pytest.approx(
+        evaluate(straight.lm.model, dm.loader("val", 1))["loss"], abs=1e-5)
