@@ -384,3 +384,102 @@ def unigram_entropy(counts) -> float:
     """Entropy in nats of the empirical unigram distribution given token counts."""
     total = float(sum(counts))
     return -sum((c / total) * math.log(c / total) for c in counts if c > 0)
+
+
+# ---------------------------------------------------------------------------------------------- pruning
+
+METHODS: tuple[str, ...] = ("gradient", "ablation", "magnitude", "entropy", "confidence", "random", "l0")
+Scope = Literal["per_layer", "global"]
+PruneSchedule = Literal["one_shot", "iterative"]
+
+
+class PrunePlan(_Strict):
+    """What to remove: a fraction `ratio` of the heads, chosen per layer or globally (at least one head stays in
+    every layer), in one shot or iteratively (`step` of the heads at a time, re-scoring in between, as Michel et
+    al. 2019), then `finetune_steps` of recovery training."""
+
+    method: str = "gradient"
+    ratio: float = Field(ge=0, lt=1)
+    scope: Scope = "per_layer"
+    schedule: PruneSchedule = "one_shot"
+    step: float = Field(default=0.1, gt=0, le=1)
+    finetune_steps: int = Field(default=0, ge=0)
+    finetune_lr: float = Field(default=3e-4, gt=0)
+    seed: int = Field(default=0, ge=0)
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, v: str) -> str:
+        if v not in METHODS:
+            raise ValueError(f"unknown method {v!r}; choose one of {', '.join(METHODS)}")
+        return v
+
+
+def check_ratio_fits(layer_heads: list[int], ratio: float, scope: str) -> None:
+    """Per-layer scope removes round(ratio·n_l) heads of each layer: that must leave at least one everywhere."""
+    if not 0 <= ratio < 1:
+        raise HeadroomInputError(f"ratio {ratio} must be in [0, 1)")
+    if scope == "per_layer":
+        for l, n in enumerate(layer_heads):
+            if n - round(ratio * n) < 1:
+                raise HeadroomInputError(f"ratio {ratio} would empty layer {l} ({n} heads) under per_layer scope")
+    elif sum(layer_heads) - round(ratio * sum(layer_heads)) < len(layer_heads):
+        raise HeadroomInputError(f"ratio {ratio} leaves fewer heads than layers")
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint path holds, read from JSON alone (no torch): the model directory, the model type, the
+    heads of every layer, and — for a `headroom train` run directory — the run's metrics (its data and training
+    configs)."""
+
+    model_dir: str
+    model_type: str
+    layer_heads: list[int]
+    max_positions: int | None
+    run: dict | None
+    has_tokenizer: bool
+
+
+def checkpoint_info(path: str) -> CheckpointInfo:
+    import json
+    import os
+
+    p = os.path.expanduser(path)
+    if not os.path.isdir(p):
+        raise HeadroomInputError(f"checkpoint {path}: no such directory")
+    run = None
+    model_dir = p
+    if os.path.isfile(os.path.join(p, "model", "config.json")):
+        model_dir = os.path.join(p, "model")
+        mpath = os.path.join(p, "metrics.json")
+        if os.path.isfile(mpath):
+            try:
+                run = json.load(open(mpath))
+            except json.JSONDecodeError:
+                raise HeadroomInputError(f"checkpoint {path}: metrics.json is not valid JSON") from None
+    cpath = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(cpath):
+        raise HeadroomInputError(f"checkpoint {path}: no config.json (not a Hugging Face model directory)")
+    try:
+        cfg = json.load(open(cpath))
+    except json.JSONDecodeError:
+        raise HeadroomInputError(f"checkpoint {path}: config.json is not valid JSON") from None
+    mt = cfg.get("model_type")
+    if mt not in ("llama", "gpt2", "bert"):
+        raise HeadroomInputError(f"checkpoint {path}: model type {mt!r} is not supported (supported: llama, gpt2, bert)")
+    meta = cfg.get("headroom") or {}
+    if meta.get("layers"):
+        heads = [int(l["heads"]) for l in meta["layers"]]
+    else:
+        n = cfg.get("num_attention_heads", cfg.get("n_head"))
+        layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
+        if not isinstance(n, int) or not isinstance(layers, int):
+            raise HeadroomInputError(f"checkpoint {path}: config.json lacks head or layer counts")
+        heads = [n] * layers
+    max_pos = cfg.get("max_position_embeddings", cfg.get("n_positions"))
+    has_tok = any(os.path.isfile(os.path.join(model_dir, f)) for f in ("tokenizer.json", "vocab.txt", "vocab.json"))
+    return CheckpointInfo(model_dir, mt, heads, max_pos, run, has_tok)

@@ -56,8 +56,10 @@ def resolve_precision(precision: str) -> str:
 
 
 @torch.no_grad()
-def evaluate(model, loader, max_batches: int | None = None) -> dict:
-    """Mean loss (nats/token over the predicted tokens) and perplexity of `model` on the batches of `loader`."""
+def evaluate(model, loader, max_batches: int | None = None, loss_fn=None) -> dict:
+    """Mean loss (nats/token over the predicted tokens) and perplexity of `model` on the batches of `loader`.
+    `loss_fn(model, batch) -> (summed loss [B], tokens [B])` defaults to the LM loss."""
+    loss_fn = loss_fn or token_losses
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -68,7 +70,7 @@ def evaluate(model, loader, max_batches: int | None = None) -> dict:
             if max_batches is not None and i >= max_batches:
                 break
             batch = {k: v.to(device) for k, v in batch.items()}
-            s, n = token_losses(model, batch)
+            s, n = loss_fn(model, batch)
             total += float(s.sum())
             count += int(n.sum())
     model.train(was_training)
@@ -79,19 +81,31 @@ def evaluate(model, loader, max_batches: int | None = None) -> dict:
 class HeadroomLM(pl.LightningModule):
     """Trains one transformers model built from `model_config` (a ModelConfig dict)."""
 
-    def __init__(self, model_config: dict, train_config: dict, pad_id: int = PAD_ID, eos_id: int = EOS_ID,
-                 meta: dict | None = None):
+    def __init__(self, model_config: dict | None, train_config: dict, pad_id: int = PAD_ID, eos_id: int = EOS_ID,
+                 meta: dict | None = None, model=None, loss_fn=None):
         super().__init__()
-        self.save_hyperparameters()
-        self.model_cfg = ModelConfig(**model_config)
+        self.save_hyperparameters(ignore=["model", "loss_fn"])
+        self.model_cfg = ModelConfig(**model_config) if model_config else None
         self.train_cfg = TrainConfig(**train_config)
-        self.model = build_model(self.model_cfg, seed=self.train_cfg.seed, pad_id=pad_id, eos_id=eos_id)
+        if model is None:
+            model = build_model(self.model_cfg, seed=self.train_cfg.seed, pad_id=pad_id, eos_id=eos_id)
+        self.model = model
+        self.loss_fn = loss_fn or token_losses
         self.n_params = count_parameters(self.model)
+
+    @classmethod
+    def from_model(cls, model, train_cfg: TrainConfig, loss_fn=None) -> "HeadroomLM":
+        """Wrap an existing model (a pruned one, for recovery fine-tuning)."""
+        from .models import model_config_of
+
+        mc = model_config_of(model)
+        return cls(mc.model_dump(mode="json") if mc else None, train_cfg.model_dump(mode="json"), model=model,
+                   loss_fn=loss_fn)
         self._t0: float | None = None
         self._val = [0.0, 0]
 
     def forward(self, batch: dict) -> torch.Tensor:
-        s, n = token_losses(self.model, batch)
+        s, n = self.loss_fn(self.model, batch)
         return s.sum() / n.sum().clamp_min(1)
 
     # ---- training
@@ -120,7 +134,7 @@ class HeadroomLM(pl.LightningModule):
         self._val = [0.0, 0]
 
     def validation_step(self, batch, batch_idx):
-        s, n = token_losses(self.model, batch)
+        s, n = self.loss_fn(self.model, batch)
         self._val[0] += float(s.sum())
         self._val[1] += int(n.sum())
 

@@ -11,11 +11,16 @@ from pathlib import Path
 
 from lightning_modules.config import (
     FAMILIES,
+    METHODS,
     SCALES,
     DataConfig,
     HeadroomInputError,
+    PrunePlan,
+    TrainConfig,
     _first_error,
     check_compatible,
+    check_ratio_fits,
+    checkpoint_info,
     model_config_for,
     train_config_for,
 )
@@ -72,6 +77,45 @@ def _add_train(sub) -> None:
     p.set_defaults(func=cmd_train)
 
 
+def _add_data_args(p) -> None:
+    p.add_argument("--data", help="stdlib | path:GLOB | hf:NAME[:CONFIG] | mqar (default: the run's data, or stdlib)")
+    p.add_argument("--shift", help="a second source for the shifted eval set")
+    p.add_argument("--tokenizer", help="byte | bpe | pretrained:DIR (default: the run's, or the checkpoint's own)")
+    p.add_argument("--batch-size", type=_positive_int)
+    p.add_argument("--seq-len", type=_positive_int)
+    p.add_argument("--calibration-batches", type=_positive_int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_score(sub) -> None:
+    p = sub.add_parser("score", help="score the heads of a checkpoint on calibration data",
+                       description="Write head importances [layers x heads] as JSON and a heatmap PNG beside it.")
+    p.add_argument("checkpoint", help="a `headroom train` run directory or a Hugging Face model directory")
+    p.add_argument("--method", required=True, help=f"one of {', '.join(METHODS)}")
+    p.add_argument("--out", default="scores.json", help="JSON file (the heatmap goes beside it as .png)")
+    _add_data_args(p)
+    p.set_defaults(func=cmd_score)
+
+
+def _add_prune(sub) -> None:
+    p = sub.add_parser("prune", help="prune the heads of a checkpoint, fine-tune, evaluate, time",
+                       description="Score heads, remove a fraction of them physically, optionally fine-tune, and "
+                                   "write the pruned model and metrics.json.")
+    p.add_argument("checkpoint", help="a `headroom train` run directory or a Hugging Face model directory")
+    p.add_argument("--method", required=True, help=f"one of {', '.join(METHODS)}")
+    p.add_argument("--ratio", type=float, required=True, help="fraction of heads to remove, in [0, 1)")
+    p.add_argument("--scope", choices=["per_layer", "global"], default="per_layer")
+    p.add_argument("--iterative", type=float, metavar="STEP",
+                   help="remove STEP of the heads at a time, re-scoring in between (default: one shot)")
+    p.add_argument("--finetune-steps", type=int, default=0)
+    p.add_argument("--finetune-lr", type=float, default=3e-4)
+    p.add_argument("--eval-batches", type=_positive_int, default=16)
+    p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
+    p.add_argument("--quiet", action="store_true")
+    _add_data_args(p)
+    p.set_defaults(func=cmd_prune)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="headroom", description="Is multi-head attention over-provisioned? "
                                                   "Prune-vs-scratch experiments at several scales.")
@@ -84,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"headroom {v}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_train(sub)
+    _add_score(sub)
+    _add_prune(sub)
     return parser
 
 
@@ -103,8 +149,11 @@ def _quiet_frameworks() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
     warnings.filterwarnings("ignore", message=".*weights_only.*")
+    import pytorch_lightning  # noqa: F401  (configures its loggers on import; quiet them afterwards)
+
     for name in ("pytorch_lightning", "lightning_fabric", "lightning.pytorch"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode.*")
 
 
 def cmd_train(args) -> int:
@@ -144,6 +193,143 @@ def cmd_train(args) -> int:
     print(f"trained {model_cfg.family} scale {args.scale}, {model_cfg.layer_heads[0]} heads x {model_cfg.head_dim}:"
           f" {m['params']:,} params, {m['steps']} steps, {m['tokens_per_s']:,.0f} tokens/s; loss {finals}")
     print(f"wrote {out}/ (model/, last.ckpt, metrics.json)")
+    return 0
+
+
+def _checkpoint_setup(args):
+    """Everything `score` and `prune` need, validated without torch: (checkpoint info, data config, train config,
+    data family)."""
+    if args.method not in METHODS:
+        raise HeadroomInputError(f"--method: unknown method {args.method!r}; choose one of {', '.join(METHODS)}")
+    info = checkpoint_info(args.checkpoint)
+    run = info.run or {}
+    data_kw = dict(run.get("data_config") or {})
+    if args.data:
+        data_kw = {"source": args.data}
+    if args.shift:
+        data_kw["shift"] = args.shift
+    if args.tokenizer:
+        data_kw["tokenizer"] = args.tokenizer
+    elif not run:
+        data_kw["tokenizer"] = f"pretrained:{info.model_dir}" if info.has_tokenizer else "byte"
+    try:
+        data_cfg = DataConfig(**data_kw)
+    except ValueError as e:
+        raise HeadroomInputError(f"--data: {_first_error(e)}") from None
+    check_source(data_cfg)
+    base = dict(run.get("train_config") or {"steps": 1})
+    seq_default = min(128, info.max_positions or 128)
+    base.update(seq_len=args.seq_len or base.get("seq_len", seq_default), seed=args.seed,
+                batch_size=args.batch_size or base.get("batch_size", 16))
+    try:
+        train_cfg = TrainConfig(**base)
+    except ValueError as e:
+        raise HeadroomInputError(_first_error(e)) from None
+    if info.max_positions and train_cfg.seq_len > info.max_positions:
+        raise HeadroomInputError(f"seq_len {train_cfg.seq_len} exceeds the model's maximum {info.max_positions}")
+    import json as _json
+
+    archs = _json.load(open(os.path.join(info.model_dir, "config.json"))).get("architectures") or []
+    family = "encoder" if info.model_type == "bert" and any("MaskedLM" in a for a in archs) else "decoder"
+    return info, data_cfg, train_cfg, family
+
+
+def _load_for_scoring(info, data_cfg, train_cfg, family, calibration_batches):
+    from lightning_modules.data import HeadroomData
+    from lightning_modules.models import load_model
+
+    model = load_model(info.model_dir)
+    data = HeadroomData(data_cfg, train_cfg, family).prepare()
+    if data.vocab_size > model.config.vocab_size:
+        raise HeadroomInputError(
+            f"tokenizer has {data.vocab_size} tokens, the model's vocabulary {model.config.vocab_size}")
+    calib = list(data.loader("calibration", calibration_batches))
+    if not calib or calib[0]["input_ids"].shape[0] < train_cfg.batch_size:
+        raise HeadroomInputError(
+            f"calibration data is shorter than one batch ({train_cfg.batch_size} windows of {train_cfg.seq_len})")
+    return model, data, calib
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def cmd_score(args) -> int:
+    info, data_cfg, train_cfg, family = _checkpoint_setup(args)
+    out = Path(args.out).expanduser()
+    if not out.parent.is_dir():
+        raise HeadroomInputError(f"--out {args.out}: directory {out.parent} does not exist")
+    _quiet_frameworks()
+    import json
+    import math
+
+    from lightning_modules.scoring import score_heads
+    from lightning_modules.train import set_threads
+
+    from .plots import heatmap
+
+    set_threads()
+    model, data, calib = _load_for_scoring(info, data_cfg, train_cfg, family, args.calibration_batches)
+    scores = score_heads(model, calib, args.method, seed=args.seed)
+    rows = [[None if math.isnan(x) else x for x in r] for r in scores.tolist()]
+    png = out.with_suffix(".png")
+    heatmap(rows, png, f"{args.method} importance — {Path(args.checkpoint).name}")
+    _atomic_write(out, json.dumps({"method": args.method, "checkpoint": str(args.checkpoint),
+                                   "layer_heads": info.layer_heads, "corpus_hash": data.corpus_hash,
+                                   "calibration": {"batches": len(calib), "batch_size": train_cfg.batch_size,
+                                                   "seq_len": train_cfg.seq_len},
+                                   "scores": rows}, indent=2) + "\n")
+    print(f"wrote {out} and {png}")
+    return 0
+
+
+def cmd_prune(args) -> int:
+    info, data_cfg, train_cfg, family = _checkpoint_setup(args)
+    try:
+        plan = PrunePlan(method=args.method, ratio=args.ratio, scope=args.scope,
+                         schedule="iterative" if args.iterative else "one_shot", step=args.iterative or 0.1,
+                         finetune_steps=args.finetune_steps, finetune_lr=args.finetune_lr, seed=args.seed)
+    except ValueError as e:
+        raise HeadroomInputError(_first_error(e)) from None
+    check_ratio_fits(info.layer_heads, plan.ratio, plan.scope)
+    out = _check_out(args.out)
+    _quiet_frameworks()
+    import json
+
+    from lightning_modules.models import save_model
+    from lightning_modules.pruning import run_prune
+    from lightning_modules.train import set_threads
+
+    from .plots import heatmap, prune_curve_plot
+
+    set_threads()
+    model, data, _ = _load_for_scoring(info, data_cfg, train_cfg, family, args.calibration_batches)
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        staging.mkdir(parents=True)
+        pruned, scores, metrics = run_prune(model, data, plan, eval_batches=args.eval_batches,
+                                            calibration_batches=args.calibration_batches, progress=not args.quiet)
+        metrics.update(checkpoint=str(args.checkpoint), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets)
+        save_model(pruned, staging / "model", data.tokenizer)
+        (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        heatmap(metrics["scores"], staging / "scores.png", f"{plan.method} importance")
+        if metrics["prune_curve"]:
+            prune_curve_plot(metrics["prune_curve"], ["val", *data.eval_sets], staging / "prune_curve.png",
+                             f"mask-only prune curve ({plan.method}, {plan.scope})")
+        if out.exists():
+            out.rmdir()
+        os.replace(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    loss = metrics["loss"]
+    first = data.eval_sets[0] if data.eval_sets else "val"
+    print(f"pruned {plan.method} ratio {plan.ratio} ({plan.scope}, {plan.schedule}): heads {metrics['heads_kept']}"
+          f" of {metrics['heads_dense']}; {first} loss dense {loss['dense'][first]['loss']:.4f}, masked "
+          f"{loss['pre_ft'][first]['loss']:.4f}, final {loss['final'][first]['loss']:.4f}; latency ms "
+          + ", ".join(f"{k} {v:.2f}" for k, v in metrics["latency_ms"].items()))
+    print(f"wrote {out}/ (model/, metrics.json, scores.png, prune_curve.png)")
     return 0
 
 

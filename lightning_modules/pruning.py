@@ -1,0 +1,273 @@
+"""Prune heads: a plan (ratio, scope, schedule) → the heads to keep → a mask or physical removal, then optional
+recovery fine-tuning, evaluation before and after on every eval set, the mask-only prune curve, parameter and
+FLOP counts, and measured latency of the dense, masked and physically pruned models."""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from typing import Callable, Iterable
+
+import torch
+
+from .config import HeadroomInputError, PrunePlan, TrainConfig, check_ratio_fits
+from .heads import head_gate, layer_heads, layer_shapes, prune_heads
+from .scoring import LossFn, default_loss, score_heads
+
+CURVE_RATIOS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 0.9
+
+
+# --------------------------------------------------------------------------------------- choosing heads
+
+
+def heads_to_keep(scores: torch.Tensor, heads: list[int], ratio: float, scope: str = "per_layer",
+                  removed: torch.Tensor | None = None, clamp: bool = False) -> list[list[int]]:
+    """The heads that stay when a fraction `ratio` of all heads goes, lowest scores first.
+
+    per_layer: layer l loses round(ratio·n_l) heads (DESIGN.md's heads_kept). global: round(ratio·N) heads go
+    wherever they score lowest, but never the last head of a layer. `removed` ([L, H] bool) marks heads already
+    gone (iterative schedule): they go first. `clamp` keeps one head in a layer instead of raising (prune curve).
+    Ties break by position, so the choice is deterministic."""
+    L = len(heads)
+    s = scores.clone().float()
+    s[torch.isnan(s)] = float("inf")
+    if removed is not None:
+        s[removed.bool()] = float("-inf")
+    if not clamp:
+        check_ratio_fits(heads, ratio, scope)
+    keep: list[list[int]] = []
+    if scope == "per_layer":
+        for l, n in enumerate(heads):
+            k = max(1, n - round(ratio * n))
+            order = sorted(range(n), key=lambda h: (s[l, h].item(), h))
+            keep.append(sorted(order[n - k:]))
+        return keep
+    total = sum(heads)
+    n_remove = min(round(ratio * total), total - L)
+    order = sorted(((s[l, h].item(), l, h) for l in range(L) for h in range(heads[l])))
+    left = list(heads)
+    gone = set()
+    for _, l, h in order:
+        if len(gone) == n_remove:
+            break
+        if left[l] > 1:
+            gone.add((l, h))
+            left[l] -= 1
+    return [[h for h in range(heads[l]) if (l, h) not in gone] for l in range(L)]
+
+
+def keep_mask(keep: list[list[int]], heads: list[int]) -> torch.Tensor:
+    m = torch.zeros(len(heads), max(heads))
+    for l, ks in enumerate(keep):
+        m[l, ks] = 1.0
+    return m
+
+
+def select_heads(model, calibration: Iterable[dict], plan: PrunePlan, loss_fn: LossFn | None = None,
+                 on_score: Callable[[int, torch.Tensor], None] | None = None, **method_options):
+    """Score and choose. one_shot: score once, keep the top heads. iterative: remove `plan.step` of the heads at a
+    time (per layer or globally), re-scoring the masked model before each step (Michel et al. 2019, §4).
+
+    Returns (keep lists, the scores of the first scoring pass)."""
+    heads = layer_heads(model)
+    batches = list(calibration)
+    loss_fn = loss_fn or default_loss(model)
+    opts = {"seed": plan.seed, **method_options}
+    if plan.schedule == "one_shot" or plan.ratio == 0:
+        scores = score_heads(model, batches, plan.method, loss_fn=loss_fn, **opts)
+        if on_score:
+            on_score(0, scores)
+        return heads_to_keep(scores, heads, plan.ratio, plan.scope), scores
+    check_ratio_fits(heads, plan.ratio, plan.scope)
+    removed = torch.zeros(len(heads), max(heads), dtype=torch.bool)
+    first, r, i = None, 0.0, 0
+    while r < plan.ratio - 1e-9:
+        r = min(plan.ratio, r + plan.step)
+        mask = (~removed).float()
+        scores = score_heads(model, batches, plan.method, loss_fn=loss_fn, mask=mask, **opts)
+        first = scores if first is None else first
+        if on_score:
+            on_score(i, scores)
+        keep = heads_to_keep(scores, heads, r, plan.scope, removed=removed)
+        removed = keep_mask(keep, heads) == 0
+        removed &= ~torch.isnan(scores)
+        i += 1
+    return keep, first
+
+
+# ------------------------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def evaluate_loss(model, loader, loss_fn: LossFn | None = None, max_batches: int | None = None) -> dict:
+    """Mean per-token loss (nats/token, or the distillation distance) and its exponential."""
+    from .lm import evaluate
+
+    return evaluate(model, loader, max_batches=max_batches, loss_fn=loss_fn)
+
+
+def prune_curve(model, scores: torch.Tensor, loaders: dict, scope: str = "per_layer", loss_fn: LossFn | None = None,
+                ratios=CURVE_RATIOS) -> list[dict]:
+    """Mask-only curve: loss on every eval set at each ratio, with the same ranking and no fine-tune (cheap: no
+    re-scoring, no training)."""
+    heads = layer_heads(model)
+    gate = head_gate(model)
+    out = []
+    for r in ratios:
+        keep = heads_to_keep(scores, heads, r, scope, clamp=True)
+        gate.mask(keep, device=next(model.parameters()).device)
+        row = {"ratio": r, "fraction_removed": 1 - sum(map(len, keep)) / sum(heads)}
+        for name, loader in loaders.items():
+            row[name] = evaluate_loss(model, loader, loss_fn)["loss"]
+        out.append(row)
+    gate.clear()
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- costs
+
+
+def forward_flops(model, seq_len: int) -> dict:
+    """Forward matmul FLOPs per token of a loaded model, from its actual modules: 2·(in·out) of every linear
+    layer (LM head included, embedding lookups not) + attention scores 2·2·T·H·d per layer."""
+    from torch import nn
+
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:  # pragma: no cover
+        Conv1D = ()
+    attn_mods = set()
+    from .heads import attention_modules
+
+    for a in attention_modules(model):
+        for m in a.modules():
+            attn_mods.add(id(m))
+    attn = mlp_other = 0
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            f = 2 * m.in_features * m.out_features
+        elif Conv1D and isinstance(m, Conv1D):
+            f = 2 * m.weight.shape[0] * m.weight.shape[1]
+        else:
+            continue
+        if id(m) in attn_mods:
+            attn += f
+        else:
+            mlp_other += f
+    scores = sum(2 * 2 * seq_len * n * hd for n, _, hd in layer_shapes(model))
+    return {"attention": attn + scores, "other": mlp_other, "total": attn + scores + mlp_other}
+
+
+def count_params(model) -> int:
+    from .models import count_parameters
+
+    return count_parameters(model)
+
+
+@torch.no_grad()
+def measure_latency(model, batch: dict, repeats: int = 20, warmup: int = 3) -> float:
+    """Median wall time (ms) of a forward pass on `batch`, warm-up passes excluded."""
+    dev = next(model.parameters()).device
+    ids = batch["input_ids"].to(dev)
+    was = model.training
+    model.eval()
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    times = []
+    for i in range(warmup + repeats):
+        sync()
+        t = time.perf_counter()
+        model(input_ids=ids)
+        sync()
+        if i >= warmup:
+            times.append((time.perf_counter() - t) * 1000)
+    model.train(was)
+    return statistics.median(times)
+
+
+# ------------------------------------------------------------------------------------------ fine-tuning
+
+
+def finetune(model, data, steps: int, lr: float, base: TrainConfig, loss_fn: LossFn | None = None,
+             progress: bool = False):
+    """Recovery fine-tune of a (physically pruned) model for `steps` steps with the LightningModule."""
+    if steps <= 0:
+        return model
+    from .lm import HeadroomLM
+    from .train import build_trainer
+
+    cfg = base.model_copy(update={"steps": steps, "lr": lr, "warmup_steps": min(base.warmup_steps, steps // 10),
+                                  "val_every": steps})
+    model.train()
+    lm = HeadroomLM.from_model(model, cfg, loss_fn=loss_fn)
+    saved = data.train_cfg
+    data.train_cfg = cfg
+    data.samples_consumed = 0
+    try:
+        build_trainer(cfg, None, progress=progress).fit(lm, datamodule=data)
+    finally:
+        data.train_cfg = saved
+    return lm.model.eval()
+
+
+# --------------------------------------------------------------------------------------------- the run
+
+
+def run_prune(model, data, plan: PrunePlan, *, eval_batches: int = 16, calibration_batches: int = 8,
+              loss_fn: LossFn | None = None, latency_batch_size: int = 16, latency_repeats: int = 20,
+              curve: bool = True, progress: bool = False, method_options: dict | None = None):
+    """The whole prune stage on one model: score on calibration, choose, evaluate masked (before fine-tune),
+    remove physically, fine-tune, evaluate again, count and time. Returns (pruned model, scores, metrics)."""
+    model.eval()
+    loss_fn = loss_fn or default_loss(model)
+    dense_teacher = getattr(loss_fn, "teacher", None)
+    heads = layer_heads(model)
+    sets = ["val", *data.eval_sets]
+    loaders = {s: data.loader(s, eval_batches) for s in sets}
+    calib = list(data.loader("calibration", calibration_batches))
+    if len(calib) == 0 or calib[0]["input_ids"].shape[0] < data.train_cfg.batch_size:
+        raise HeadroomInputError("calibration split is shorter than one batch")
+    seq_len = calib[0]["input_ids"].shape[1]
+
+    dense = {s: evaluate_loss(model, l, loss_fn) for s, l in loaders.items()}
+    keep, scores = select_heads(model, calib, plan, loss_fn=loss_fn, **(method_options or {}))
+    gate = head_gate(model)
+    dev = next(model.parameters()).device
+    gate.mask(keep, device=dev)
+    pre_ft = {s: evaluate_loss(model, l, loss_fn) for s, l in loaders.items()}
+    lat_batch = next(iter(data.loader("val", 1, batch_size=latency_batch_size)))
+    latency = {"masked": measure_latency(model, lat_batch, latency_repeats)}
+    gate.clear()
+    latency["dense"] = measure_latency(model, lat_batch, latency_repeats)
+    curve_rows = prune_curve(model, scores, loaders, plan.scope, loss_fn) if curve else []
+    dense_cost = {"params": count_params(model), "flops": forward_flops(model, seq_len)}
+
+    pruned = copy.deepcopy(model)
+    if dense_teacher is model:  # distillation keeps the unpruned model as its teacher
+        loss_fn.teacher = copy.deepcopy(model).eval()
+    prune_heads(pruned, keep)
+    latency["pruned"] = measure_latency(pruned, lat_batch, latency_repeats)
+    after_prune = {s: evaluate_loss(pruned, l, loss_fn) for s, l in loaders.items()}
+    pruned = finetune(pruned, data, plan.finetune_steps, plan.finetune_lr, data.train_cfg, loss_fn, progress)
+    final = {s: evaluate_loss(pruned, l, loss_fn) for s, l in loaders.items()} if plan.finetune_steps else after_prune
+    pruned_cost = {"params": count_params(pruned), "flops": forward_flops(pruned, seq_len)}
+    metrics = {
+        "plan": plan.model_dump(mode="json"),
+        "heads_dense": heads,
+        "heads_kept": [len(k) for k in keep],
+        "kept": keep,
+        "loss": {"dense": dense, "pre_ft": pre_ft, "pruned_no_ft": after_prune, "final": final},
+        "params": {"dense": dense_cost["params"], "pruned": pruned_cost["params"]},
+        "flops_per_token": {"dense": dense_cost["flops"], "pruned": pruned_cost["flops"]},
+        "latency_ms": latency,
+        "latency_batch": list(lat_batch["input_ids"].shape),
+        "scores": [[None if math.isnan(x) else x for x in row] for row in scores.tolist()],
+        "prune_curve": curve_rows,
+        "loss_kind": "lm" if loss_fn.__class__.__name__ != "Distillation" else f"distill-{loss_fn.kind}",
+    }
+    return pruned, scores, metrics

@@ -1,0 +1,189 @@
+"""Choosing heads (per layer, global, iterative), the mask-only prune curve, FLOP counts against the config
+formulas, and `headroom score` / `headroom prune` end to end on headroom, GPT-2 and BERT checkpoints."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, headroom
+from lightning_modules.config import DataConfig, HeadroomInputError, PrunePlan, flops_per_token, train_config_for
+from lightning_modules.heads import layer_heads
+from lightning_modules.models import build_model, load_model, save_model
+from lightning_modules.pruning import forward_flops, heads_to_keep, prune_curve, run_prune, select_heads
+
+
+def test_heads_to_keep_per_layer_and_global():
+    s = torch.tensor([[5.0, 1.0, 3.0, 2.0], [0.1, 0.2, 0.3, 0.4]])
+    assert heads_to_keep(s, [4, 4], 0.5, "per_layer") == [[0, 2], [2, 3]]
+    # global: the 4 lowest overall are all in layer 1, but one head of it must stay
+    assert heads_to_keep(s, [4, 4], 0.5, "global") == [[0, 2], [3]]
+    with pytest.raises(HeadroomInputError, match="empty layer"):
+        heads_to_keep(s[:, :1], [1, 1], 0.5, "per_layer")
+    # NaN (a head the layer does not have) is never chosen and never counted
+    ragged = torch.tensor([[1.0, 2.0, float("nan")], [3.0, 0.5, 0.7]])
+    assert heads_to_keep(ragged, [2, 3], 0.4, "global") == [[1], [0, 2]]
+
+
+def test_ratio_that_empties_a_layer_is_refused():
+    with pytest.raises(HeadroomInputError, match="would empty layer 0"):
+        PrunePlan(ratio=0.5) and heads_to_keep(torch.ones(2, 8), [1, 8], 0.5, "per_layer")
+
+
+@pytest.fixture(scope="module")
+def data():
+    return HeadroomData(DataConfig(), train_config_for("xs", batch_size=8)).prepare()
+
+
+from lightning_modules.data import HeadroomData  # noqa: E402
+
+
+def test_iterative_schedule_rescores_and_reaches_the_ratio(xs_decoder_run, data):
+    model = load_model(xs_decoder_run / "model")
+    calib = list(data.loader("calibration", 1))
+    seen = []
+    plan = PrunePlan(method="gradient", ratio=0.5, schedule="iterative", step=0.25)
+    keep, _ = select_heads(model, calib, plan, on_score=lambda i, s: seen.append(s))
+    assert len(seen) == 2 and [len(k) for k in keep] == [4, 4]
+    # heads removed in step 1 (the two lowest per layer then) are still removed at the end
+    first = heads_to_keep(seen[0], [8, 8], 0.25, "per_layer")
+    for l in range(2):
+        assert set(keep[l]) <= set(first[l])
+    # the second scoring saw the first step's heads masked: their gradient importance is 0
+    for l in range(2):
+        for h in set(range(8)) - set(first[l]):
+            assert seen[1][l, h] == 0
+
+
+def test_prune_curve(xs_decoder_run, data):
+    from lightning_modules.pruning import evaluate_loss
+    from lightning_modules.scoring import score_heads
+
+    model = load_model(xs_decoder_run / "model")
+    loaders = {"id": data.loader("id", 2)}
+    scores = score_heads(model, list(data.loader("calibration", 1)), "magnitude")
+    rows = prune_curve(model, scores, loaders)
+    assert [r["ratio"] for r in rows] == [round(0.1 * i, 1) for i in range(10)]
+    assert rows[0]["id"] == pytest.approx(evaluate_loss(model, loaders["id"])["loss"], abs=1e-9)
+    fr = [r["fraction_removed"] for r in rows]
+    assert fr == sorted(fr) and fr[-1] == pytest.approx(14 / 16)
+    assert rows[-1]["id"] > rows[0]["id"]
+
+
+@pytest.mark.parametrize("heads", [8, [3, 6]])
+def test_forward_flops_match_the_config_formula(heads):
+    from lightning_modules.config import model_config_for
+
+    cfg = model_config_for("xs", "decoder", n_heads=heads if isinstance(heads, int) else None,
+                           heads_per_layer=heads if isinstance(heads, list) else None)
+    f = forward_flops(build_model(cfg, 0), seq_len=128)
+    ref = flops_per_token(cfg, 128)
+    assert f["attention"] == ref.attention and f["other"] == ref.mlp + ref.other
+
+
+def test_headless_encoder_pruned_by_distillation(tmp_path):
+    """A BERT without LM head: the loss is the cosine distance to the unpruned model's last hidden states."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    tf.BertModel(tf.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=64, max_position_embeddings=64, initializer_range=0.1)
+                 ).save_pretrained(tmp_path / "b")
+    model = load_model(tmp_path / "b")
+    dm = HeadroomData(DataConfig(), train_config_for("xs", batch_size=4, seq_len=32), "decoder").prepare()
+    pruned, _, m = run_prune(model, dm, PrunePlan(method="gradient", ratio=0.5, finetune_steps=3),
+                             eval_batches=1, calibration_batches=1, latency_repeats=2, curve=False)
+    assert m["loss_kind"] == "distill-cosine"
+    assert m["loss"]["dense"]["id"]["loss"] == pytest.approx(0.0, abs=1e-6)  # the teacher is the dense model
+    assert m["loss"]["pre_ft"]["id"]["loss"] > 1e-4
+    assert layer_heads(pruned) == [2, 2]
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoints(tmp_path_factory):
+    import transformers as tf
+
+    root = tmp_path_factory.mktemp("ckpts")
+    torch.manual_seed(0)
+    tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4, n_positions=128)
+                       ).save_pretrained(root / "gpt2")
+    tf.BertForMaskedLM(tf.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=128)).save_pretrained(root / "bert")
+    save_model(build_model(__import__("lightning_modules.config", fromlist=["x"]).model_config_for(
+        "xs", heads_per_layer=[1, 8]), 0), root / "one-head")
+    (root / "t5").mkdir()
+    (root / "t5" / "config.json").write_text('{"model_type": "t5"}')
+    return root
+
+
+FAST = ["--eval-batches", "2", "--calibration-batches", "2", "--batch-size", "8", "--seq-len", "64", "--quiet"]
+
+
+def test_prune_cli_on_a_headroom_run(xs_decoder_run, tmp_path):
+    out = tmp_path / "pruned"
+    r = headroom("prune", xs_decoder_run, "--method", "gradient", "--ratio", "0.5", "--finetune-steps", "4",
+                 "--out", out, *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "model", "prune_curve.png", "scores.png"]
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["heads_kept"] == [4, 4] and m["heads_dense"] == [8, 8]
+    for stage in ("dense", "pre_ft", "pruned_no_ft", "final"):
+        assert set(m["loss"][stage]) == {"val", "id", "shift"}
+    # physical removal is exact: the pruned model before fine-tune = the masked dense model
+    for s in ("val", "id", "shift"):
+        assert m["loss"]["pruned_no_ft"][s]["loss"] == pytest.approx(m["loss"]["pre_ft"][s]["loss"], abs=1e-5)
+    assert m["loss"]["final"]["id"]["loss"] != m["loss"]["pre_ft"]["id"]["loss"]  # fine-tuning happened
+    assert m["params"]["pruned"] < m["params"]["dense"]
+    assert m["flops_per_token"]["pruned"]["attention"] < m["flops_per_token"]["dense"]["attention"]
+    assert set(m["latency_ms"]) == {"dense", "masked", "pruned"} and min(m["latency_ms"].values()) > 0
+    assert len(m["prune_curve"]) == 10
+    pruned = load_model(out / "model")
+    assert layer_heads(pruned) == [4, 4]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_score_and_prune_pretrained_checkpoints(tiny_checkpoints, tmp_path, name):
+    ck = tiny_checkpoints / name
+    r = headroom("score", ck, "--method", "ablation", "--out", tmp_path / "s.json", "--calibration-batches", "1",
+                 "--batch-size", "4", "--seq-len", "32")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert len(s["scores"]) == 2 and len(s["scores"][0]) == 4 and (tmp_path / "s.png").exists()
+    r = headroom("prune", ck, "--method", "magnitude", "--ratio", "0.5", "--scope", "global", "--out",
+                 tmp_path / "p", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads((tmp_path / "p" / "metrics.json").read_text())
+    assert sum(m["heads_kept"]) == 4 and min(m["heads_kept"]) >= 1
+    assert layer_heads(load_model(tmp_path / "p" / "model")) == m["heads_kept"]
+
+
+NO_TORCH = ("import sys; from orchestration.cli import main; rc = main(sys.argv[1:]); "
+            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
+
+
+def test_bad_input_one_line_exit_2(xs_decoder_run, tiny_checkpoints, tmp_path):
+    one = tiny_checkpoints / "one-head"
+    cases = {
+        "unknown method": (["prune", xs_decoder_run, "--method", "taylor", "--ratio", "0.5"], True),
+        "ratio 1.0": (["prune", xs_decoder_run, "--method", "gradient", "--ratio", "1.0"], True),
+        "negative ratio": (["prune", xs_decoder_run, "--method", "gradient", "--ratio", "-0.1"], True),
+        "ratio empties a layer": (["prune", one, "--method", "gradient", "--ratio", "0.5"], True),
+        "unsupported checkpoint": (["prune", tiny_checkpoints / "t5", "--method", "gradient", "--ratio", "0.5"], True),
+        "missing checkpoint": (["score", tmp_path / "nothing", "--method", "gradient"], True),
+        "calibration shorter than one batch": (["prune", xs_decoder_run, "--method", "gradient", "--ratio", "0.5",
+                                                "--batch-size", "4096"], False),
+    }
+    for name, (argv, no_torch) in cases.items():
+        out = tmp_path / f"out-{abs(hash(name))}"
+        argv = [*map(str, argv), "--out", str(out)]
+        cmd = [sys.executable, "-c", NO_TORCH, *argv] if no_torch else [sys.executable, "-m", "orchestration.cli", *argv]
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
+        assert r.returncode == 2, (name, r.stderr[-2000:])
+        assert len(lines) == 1 and lines[0].startswith("headroom: error:"), (name, r.stderr[-2000:])
+        assert not out.exists() and not list(tmp_path.glob(".out-*")), name
