@@ -288,11 +288,16 @@ def _first_error(e: Exception) -> str:
 # ---------------------------------------------------------------------------------------- head arithmetic
 
 
+def heads_removed(n_heads: int, ratio: float) -> int:
+    """round(ratio·H), halves rounded up (Python's round() would send 0.5 to 0 and 2.5 to 2)."""
+    return math.floor(ratio * n_heads + 0.5)
+
+
 def heads_kept(n_heads: int, ratio: float) -> int:
     """Heads left after removing a fraction `ratio` of H: H − round(ratio·H). At least one must stay."""
     if not 0 <= ratio < 1:
         raise HeadroomInputError(f"ratio {ratio} must be in [0, 1)")
-    kept = n_heads - round(ratio * n_heads)
+    kept = n_heads - heads_removed(n_heads, ratio)
     if kept < 1:
         raise HeadroomInputError(f"ratio {ratio} leaves no head of {n_heads}")
     return kept
@@ -421,9 +426,9 @@ def check_ratio_fits(layer_heads: list[int], ratio: float, scope: str) -> None:
         raise HeadroomInputError(f"ratio {ratio} must be in [0, 1)")
     if scope == "per_layer":
         for l, n in enumerate(layer_heads):
-            if n - round(ratio * n) < 1:
+            if n - heads_removed(n, ratio) < 1:
                 raise HeadroomInputError(f"ratio {ratio} would empty layer {l} ({n} heads) under per_layer scope")
-    elif sum(layer_heads) - round(ratio * sum(layer_heads)) < len(layer_heads):
+    elif sum(layer_heads) - heads_removed(sum(layer_heads), ratio) < len(layer_heads):
         raise HeadroomInputError(f"ratio {ratio} leaves fewer heads than layers")
 
 

@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from .config import HeadroomInputError, PrunePlan, TrainConfig, check_ratio_fits
+from .config import HeadroomInputError, PrunePlan, TrainConfig, check_ratio_fits, heads_removed
 from .heads import head_gate, layer_heads, layer_shapes, prune_heads
 from .scoring import LossFn, default_loss, score_heads
 
@@ -40,12 +40,12 @@ def heads_to_keep(scores: torch.Tensor, heads: list[int], ratio: float, scope: s
     keep: list[list[int]] = []
     if scope == "per_layer":
         for l, n in enumerate(heads):
-            k = max(1, n - round(ratio * n))
+            k = max(1, n - heads_removed(n, ratio))
             order = sorted(range(n), key=lambda h: (s[l, h].item(), h))
             keep.append(sorted(order[n - k:]))
         return keep
     total = sum(heads)
-    n_remove = min(round(ratio * total), total - L)
+    n_remove = min(heads_removed(total, ratio), total - L)
     order = sorted(((s[l, h].item(), l, h) for l in range(L) for h in range(heads[l])))
     left = list(heads)
     gone = set()

@@ -147,8 +147,8 @@ def score_gradient(model, batches, loss_fn, mask=None, normalize: bool = True, *
 
 
 @torch.no_grad()
-def score_ablation(model, batches, loss_fn, mask=None, masks_per_pass: int | None = None, max_rows: int = 256,
-                   signed: bool = False, **_) -> torch.Tensor:
+def score_ablation(model, batches, loss_fn, mask=None, masks_per_pass: int | None = None,
+                   max_rows: int | None = None, signed: bool = False, **_) -> torch.Tensor:
     """Leave-one-out: how much the loss changes when head h alone is masked (on top of `mask`),
     I_h = E_x |L_x(ξ_h = 0) − L_x(ξ = 1)|.
 
@@ -159,9 +159,13 @@ def score_ablation(model, batches, loss_fn, mask=None, masks_per_pass: int | Non
 
     Many single-head masks run in one forward pass: the batch is repeated once per mask and each copy gets its own
     row of the per-example gate. `masks_per_pass=1` is the sequential loop (one mask per forward pass), kept as
-    the reference the batched version is tested against."""
+    the reference the batched version is tested against. `max_rows` caps the rows of one pass (default 256 on a
+    GPU; on a CPU, where a bigger batch buys no throughput — measured in benchmarks/ablation_batched.py — one
+    mask per pass)."""
     L, H, valid = _shape(model)
     dev = _device(model)
+    if max_rows is None:
+        max_rows = 256 if dev.type == "cuda" else 1
     gate = head_gate(model)
     base = (mask if mask is not None else torch.ones(L, H)).to(dev)
     heads = [(l, h) for l in range(L) for h in range(H) if valid[l, h] and base[l, h] > 0]

@@ -19,3 +19,29 @@ def test_train_overhead_writes_json(tmp_path):
     assert res["plain_tokens_per_s"] > 0 and res["lightning_tokens_per_s"] > 0
     assert res["ratio"] == res["lightning_tokens_per_s"] / res["plain_tokens_per_s"]
     assert isinstance(res["meets_goal"], bool)
+
+
+def _run(script, out, *args):
+    r = subprocess.run([sys.executable, f"benchmarks/{script}", *args, "--out", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+def test_ablation_batched_writes_json(tmp_path):
+    res = _run("ablation_batched.py", tmp_path / "a.json", "--scale", "xs", "--batches", "1", "--batch-size", "2",
+               "--seq-len", "32", "--max-rows", "16")
+    assert res["benchmark"] == "ablation_batched" and res["heads"] == 16
+    assert res["identical_to_1e-5"] is True and res["max_abs_diff"] <= 1e-5
+    assert res["speedup"] == res["sequential_s"] / res["batched_s"] and res["goal"] == 3.0
+
+
+def test_prune_speed_writes_json(tmp_path):
+    res = _run("prune_speed.py", tmp_path / "p.json", "--scale", "xs", "--batch-size", "2", "--seq-len", "32",
+               "--repeats", "2", "--warmup", "1")
+    assert res["benchmark"] == "prune_speed" and [r["ratio"] for r in res["rows"]] == [0.25, 0.5, 0.75]
+    for r in res["rows"]:
+        assert r["heads_kept"] == [8 - round(r["ratio"] * 8)] * 2
+        assert r["speedup_predicted_from_flops"] > 1 and r["speedup_measured"] > 0
+        assert set(r["latency_ms"]) == {"dense", "masked", "pruned"}
+    assert res["meets_goal"] is False  # batch 2 < 16: the goal is not claimed at this size

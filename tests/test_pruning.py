@@ -18,13 +18,13 @@ from lightning_modules.pruning import forward_flops, heads_to_keep, prune_curve,
 def test_heads_to_keep_per_layer_and_global():
     s = torch.tensor([[5.0, 1.0, 3.0, 2.0], [0.1, 0.2, 0.3, 0.4]])
     assert heads_to_keep(s, [4, 4], 0.5, "per_layer") == [[0, 2], [2, 3]]
-    # global: the 4 lowest overall are all in layer 1, but one head of it must stay
-    assert heads_to_keep(s, [4, 4], 0.5, "global") == [[0, 2], [3]]
+    # global: the 4 lowest overall are all in layer 1, but one head of it must stay, so the 4th is (0, 1)
+    assert heads_to_keep(s, [4, 4], 0.5, "global") == [[0, 2, 3], [3]]
     with pytest.raises(HeadroomInputError, match="empty layer"):
         heads_to_keep(s[:, :1], [1, 1], 0.5, "per_layer")
     # NaN (a head the layer does not have) is never chosen and never counted
     ragged = torch.tensor([[1.0, 2.0, float("nan")], [3.0, 0.5, 0.7]])
-    assert heads_to_keep(ragged, [2, 3], 0.4, "global") == [[1], [0, 2]]
+    assert heads_to_keep(ragged, [2, 3], 0.4, "global") == [[0, 1], [0]]  # round(0.4·5) = 2 go: 0.5, 0.7
 
 
 def test_ratio_that_empties_a_layer_is_refused():
