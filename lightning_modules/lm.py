@@ -115,6 +115,7 @@ class HeadroomLM(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         loss = self(batch)
         self.log("train/loss", loss, on_step=True, prog_bar=True)
+        self.log("train/ppl", torch.exp(loss.detach().clamp(max=50.0)), on_step=True)
         return loss
 
     def on_before_optimizer_step(self, optimizer):

@@ -278,6 +278,7 @@ def cmd_score(args) -> int:
     heatmap(rows, png, f"{args.method} importance — {Path(args.checkpoint).name}")
     _atomic_write(out, json.dumps({"method": args.method, "checkpoint": str(args.checkpoint),
                                    "layer_heads": info.layer_heads, "corpus_hash": data.corpus_hash,
+                                   "tokenizer": data.tokenizer.name,
                                    "calibration": {"batches": len(calib), "batch_size": train_cfg.batch_size,
                                                    "seq_len": train_cfg.seq_len},
                                    "scores": rows}, indent=2) + "\n")
@@ -311,7 +312,8 @@ def cmd_prune(args) -> int:
         staging.mkdir(parents=True)
         pruned, scores, metrics = run_prune(model, data, plan, eval_batches=args.eval_batches,
                                             calibration_batches=args.calibration_batches, progress=not args.quiet)
-        metrics.update(checkpoint=str(args.checkpoint), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets)
+        metrics.update(checkpoint=str(args.checkpoint), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets,
+                       tokenizer=data.tokenizer.name)
         save_model(pruned, staging / "model", data.tokenizer)
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         heatmap(metrics["scores"], staging / "scores.png", f"{plan.method} importance")

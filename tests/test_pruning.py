@@ -112,6 +112,15 @@ def tiny_checkpoints(tmp_path_factory):
     torch.manual_seed(0)
     tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4, n_positions=128)
                        ).save_pretrained(root / "gpt2")
+    # the GPT-2 checkpoint carries its own tokenizer (a small byte-level BPE), which scoring must use
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.train_from_iterator(["def f(x):\n    return x + 1\n" * 50],
+                            trainers.BpeTrainer(vocab_size=290, special_tokens=["<|endoftext|>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(root / "gpt2")
     tf.BertForMaskedLM(tf.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=64, max_position_embeddings=128)).save_pretrained(root / "bert")
     save_model(build_model(__import__("lightning_modules.config", fromlist=["x"]).model_config_for(
@@ -153,6 +162,8 @@ def test_score_and_prune_pretrained_checkpoints(tiny_checkpoints, tmp_path, name
                  "--batch-size", "4", "--seq-len", "32")
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((tmp_path / "s.json").read_text())
+    # scored with the checkpoint's own tokenizer where it has one (GPT-2 here), else headroom's bytes
+    assert s["tokenizer"] == (f"pretrained:{ck}" if name == "gpt2" else "byte")
     assert len(s["scores"]) == 2 and len(s["scores"][0]) == 4 and (tmp_path / "s.png").exists()
     r = headroom("prune", ck, "--method", "magnitude", "--ratio", "0.5", "--scope", "global", "--out",
                  tmp_path / "p", *FAST)
