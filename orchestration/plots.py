@@ -22,14 +22,14 @@ def heatmap(scores: list[list[float | None]], path: str | Path, title: str) -> N
 
     a = np.array([[np.nan if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in row]
                   for row in scores], dtype=float)
-    fig, ax = plt.subplots(figsize=(1.2 + 0.45 * a.shape[1], 1.2 + 0.45 * a.shape[0]), dpi=120)
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.8 + 0.45 * a.shape[1]), max(2.6, 1.4 + 0.45 * a.shape[0])), dpi=120)
     im = ax.imshow(a, cmap="viridis", aspect="auto")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_xticks(range(a.shape[1]))
     ax.set_yticks(range(a.shape[0]))
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=ax, label="importance (higher = more important)")
+    ax.set_title(f"{title}\n(higher = more important)", fontsize=9)
+    fig.colorbar(im, ax=ax, label="importance")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
