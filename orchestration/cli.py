@@ -210,7 +210,8 @@ def _checkpoint_setup(args):
         data_kw["shift"] = args.shift
     if args.tokenizer:
         data_kw["tokenizer"] = args.tokenizer
-    elif not run:
+    elif not run or (data_kw.get("tokenizer") == "bpe" and info.has_tokenizer):
+        # a checkpoint's own tokenizer; a run's BPE tokenizer was saved beside its model, so it is not retrained
         data_kw["tokenizer"] = f"pretrained:{info.model_dir}" if info.has_tokenizer else "byte"
     try:
         data_cfg = DataConfig(**data_kw)

@@ -198,3 +198,20 @@ def test_bad_input_one_line_exit_2(xs_decoder_run, tiny_checkpoints, tmp_path):
         assert r.returncode == 2, (name, r.stderr[-2000:])
         assert len(lines) == 1 and lines[0].startswith("headroom: error:"), (name, r.stderr[-2000:])
         assert not out.exists() and not list(tmp_path.glob(".out-*")), name
+
+
+def test_bpe_run_is_scored_with_its_saved_tokenizer(tmp_path, cache_dir):
+    """A run trained with a BPE tokenizer saves it beside the model; scoring reuses it instead of retraining."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(60):
+        (corpus / f"f{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n" for j in range(40)))
+    run = tmp_path / "bpe-run"
+    r = headroom("train", "--data", f"path:{corpus}/*.py", "--tokenizer", "bpe", "--steps", "3", "--val-every", "3",
+                 "--seq-len", "64", "--quiet", "--out", run)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (run / "model" / "tokenizer.json").exists()
+    r = headroom("score", run, "--method", "gradient", "--out", tmp_path / "s.json", "--calibration-batches", "1",
+                 "--batch-size", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "s.json").read_text())["tokenizer"] == f"pretrained:{run / 'model'}"
