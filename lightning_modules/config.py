@@ -449,6 +449,32 @@ class CheckpointInfo:
     has_tokenizer: bool
 
 
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "gpt2", "bert")
+
+
+def read_model_config(model_dir: str, what: str | None = None) -> dict:
+    """The config.json of a Hugging Face model directory, checked to be a supported model type (no torch)."""
+    import json
+    import os
+
+    what = what or model_dir
+    if not os.path.isdir(model_dir):
+        raise HeadroomInputError(f"checkpoint {what}: no such directory")
+    cpath = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(cpath):
+        raise HeadroomInputError(f"checkpoint {what}: no config.json (not a Hugging Face model directory)")
+    try:
+        with open(cpath) as f:
+            cfg = json.load(f)
+    except json.JSONDecodeError:
+        raise HeadroomInputError(f"checkpoint {what}: config.json is not valid JSON") from None
+    mt = cfg.get("model_type")
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise HeadroomInputError(f"checkpoint {what}: model type {mt!r} is not supported "
+                                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    return cfg
+
+
 def checkpoint_info(path: str) -> CheckpointInfo:
     import json
     import os
@@ -466,16 +492,8 @@ def checkpoint_info(path: str) -> CheckpointInfo:
                 run = json.load(open(mpath))
             except json.JSONDecodeError:
                 raise HeadroomInputError(f"checkpoint {path}: metrics.json is not valid JSON") from None
-    cpath = os.path.join(model_dir, "config.json")
-    if not os.path.isfile(cpath):
-        raise HeadroomInputError(f"checkpoint {path}: no config.json (not a Hugging Face model directory)")
-    try:
-        cfg = json.load(open(cpath))
-    except json.JSONDecodeError:
-        raise HeadroomInputError(f"checkpoint {path}: config.json is not valid JSON") from None
-    mt = cfg.get("model_type")
-    if mt not in ("llama", "gpt2", "bert"):
-        raise HeadroomInputError(f"checkpoint {path}: model type {mt!r} is not supported (supported: llama, gpt2, bert)")
+    cfg = read_model_config(model_dir, what=path)
+    mt = cfg["model_type"]
     meta = cfg.get("headroom") or {}
     if meta.get("layers"):
         heads = [int(l["heads"]) for l in meta["layers"]]

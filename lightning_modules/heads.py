@@ -36,9 +36,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .config import HeadroomInputError
-
-SUPPORTED = ("llama", "gpt2", "bert")
+from .config import SUPPORTED_MODEL_TYPES, HeadroomInputError
 
 
 # ------------------------------------------------------------------------------------------- families
@@ -246,7 +244,7 @@ def family_of(model_or_config) -> type:
         return _FAMILIES[mt]
     except KeyError:
         raise HeadroomInputError(
-            f"model type {mt!r} is not supported (supported: {', '.join(SUPPORTED)})"
+            f"model type {mt!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         ) from None
 
 

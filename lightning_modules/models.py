@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import EOS_ID, PAD_ID, HeadroomInputError, ModelConfig
+from .config import EOS_ID, PAD_ID, HeadroomInputError, ModelConfig, read_model_config
 from .heads import attention_modules, family_of, layer_shapes, reshape_layers
 
 # architectures headroom loads, by the name transformers writes into config.json
@@ -227,19 +227,7 @@ def load_model(directory: str | os.PathLike):
     plain transformers one. Raises HeadroomInputError (one line) for anything else."""
     tf = _quiet_transformers()
     d = Path(os.path.expanduser(str(directory)))
-    if not d.is_dir():
-        raise HeadroomInputError(f"checkpoint {d}: no such directory")
-    if not (d / "config.json").exists():
-        raise HeadroomInputError(f"checkpoint {d}: no config.json (not a Hugging Face model directory)")
-    try:
-        raw = json.loads((d / "config.json").read_text())
-    except json.JSONDecodeError:
-        raise HeadroomInputError(f"checkpoint {d}: config.json is not valid JSON") from None
-    mt = raw.get("model_type")
-    if mt not in ("llama", "gpt2", "bert"):
-        raise HeadroomInputError(
-            f"checkpoint {d}: model type {mt!r} is not supported (supported: llama, gpt2, bert)"
-        )
+    mt = read_model_config(str(d))["model_type"]
     config = tf.AutoConfig.from_pretrained(str(d))
     arch = (config.architectures or [DEFAULT_ARCH[mt]])[0]
     if ARCHITECTURES.get(arch) != mt:

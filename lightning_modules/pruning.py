@@ -11,9 +11,11 @@ import time
 from typing import Callable, Iterable
 
 import torch
+from torch import nn
 
 from .config import HeadroomInputError, PrunePlan, TrainConfig, check_ratio_fits, heads_removed
-from .heads import head_gate, layer_heads, layer_shapes, prune_heads
+from .heads import attention_modules, head_gate, layer_heads, layer_shapes, prune_heads
+from .models import count_parameters
 from .scoring import LossFn, default_loss, score_heads
 
 CURVE_RATIOS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 0.9
@@ -132,23 +134,14 @@ def prune_curve(model, scores: torch.Tensor, loaders: dict, scope: str = "per_la
 def forward_flops(model, seq_len: int) -> dict:
     """Forward matmul FLOPs per token of a loaded model, from its actual modules: 2·(in·out) of every linear
     layer (LM head included, embedding lookups not) + attention scores 2·2·T·H·d per layer."""
-    from torch import nn
+    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layer
 
-    try:
-        from transformers.pytorch_utils import Conv1D
-    except ImportError:  # pragma: no cover
-        Conv1D = ()
-    attn_mods = set()
-    from .heads import attention_modules
-
-    for a in attention_modules(model):
-        for m in a.modules():
-            attn_mods.add(id(m))
+    attn_mods = {id(m) for a in attention_modules(model) for m in a.modules()}
     attn = mlp_other = 0
     for m in model.modules():
         if isinstance(m, nn.Linear):
             f = 2 * m.in_features * m.out_features
-        elif Conv1D and isinstance(m, Conv1D):
+        elif isinstance(m, Conv1D):
             f = 2 * m.weight.shape[0] * m.weight.shape[1]
         else:
             continue
@@ -158,12 +151,6 @@ def forward_flops(model, seq_len: int) -> dict:
             mlp_other += f
     scores = sum(2 * 2 * seq_len * n * hd for n, _, hd in layer_shapes(model))
     return {"attention": attn + scores, "other": mlp_other, "total": attn + scores + mlp_other}
-
-
-def count_params(model) -> int:
-    from .models import count_parameters
-
-    return count_parameters(model)
 
 
 @torch.no_grad()
@@ -245,7 +232,7 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int = 16, calibrati
     gate.clear()
     latency["dense"] = measure_latency(model, lat_batch, latency_repeats)
     curve_rows = prune_curve(model, scores, loaders, plan.scope, loss_fn) if curve else []
-    dense_cost = {"params": count_params(model), "flops": forward_flops(model, seq_len)}
+    dense_cost = {"params": count_parameters(model), "flops": forward_flops(model, seq_len)}
 
     pruned = copy.deepcopy(model)
     if dense_teacher is model:  # distillation keeps the unpruned model as its teacher
@@ -255,7 +242,7 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int = 16, calibrati
     after_prune = {s: evaluate_loss(pruned, l, loss_fn) for s, l in loaders.items()}
     pruned = finetune(pruned, data, plan.finetune_steps, plan.finetune_lr, data.train_cfg, loss_fn, progress)
     final = {s: evaluate_loss(pruned, l, loss_fn) for s, l in loaders.items()} if plan.finetune_steps else after_prune
-    pruned_cost = {"params": count_params(pruned), "flops": forward_flops(pruned, seq_len)}
+    pruned_cost = {"params": count_parameters(pruned), "flops": forward_flops(pruned, seq_len)}
     metrics = {
         "plan": plan.model_dump(mode="json"),
         "heads_dense": heads,

@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from conftest import ROOT, headroom
-from lightning_modules.config import DataConfig, HeadroomInputError, PrunePlan, flops_per_token, train_config_for
+from lightning_modules.config import (
+    DataConfig,
+    HeadroomInputError,
+    PrunePlan,
+    flops_per_token,
+    model_config_for,
+    train_config_for,
+)
+from lightning_modules.data import HeadroomData
 from lightning_modules.heads import layer_heads
 from lightning_modules.models import build_model, load_model, save_model
 from lightning_modules.pruning import forward_flops, heads_to_keep, prune_curve, run_prune, select_heads
@@ -29,15 +37,12 @@ def test_heads_to_keep_per_layer_and_global():
 
 def test_ratio_that_empties_a_layer_is_refused():
     with pytest.raises(HeadroomInputError, match="would empty layer 0"):
-        PrunePlan(ratio=0.5) and heads_to_keep(torch.ones(2, 8), [1, 8], 0.5, "per_layer")
+        heads_to_keep(torch.ones(2, 8), [1, 8], 0.5, "per_layer")
 
 
 @pytest.fixture(scope="module")
 def data():
     return HeadroomData(DataConfig(), train_config_for("xs", batch_size=8)).prepare()
-
-
-from lightning_modules.data import HeadroomData  # noqa: E402
 
 
 def test_iterative_schedule_rescores_and_reaches_the_ratio(xs_decoder_run, data):
@@ -74,8 +79,6 @@ def test_prune_curve(xs_decoder_run, data):
 
 @pytest.mark.parametrize("heads", [8, [3, 6]])
 def test_forward_flops_match_the_config_formula(heads):
-    from lightning_modules.config import model_config_for
-
     cfg = model_config_for("xs", "decoder", n_heads=heads if isinstance(heads, int) else None,
                            heads_per_layer=heads if isinstance(heads, list) else None)
     f = forward_flops(build_model(cfg, 0), seq_len=128)
@@ -123,8 +126,7 @@ def tiny_checkpoints(tmp_path_factory):
     tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(root / "gpt2")
     tf.BertForMaskedLM(tf.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=64, max_position_embeddings=128)).save_pretrained(root / "bert")
-    save_model(build_model(__import__("lightning_modules.config", fromlist=["x"]).model_config_for(
-        "xs", heads_per_layer=[1, 8]), 0), root / "one-head")
+    save_model(build_model(model_config_for("xs", heads_per_layer=[1, 8]), 0), root / "one-head")
     (root / "t5").mkdir()
     (root / "t5" / "config.json").write_text('{"model_type": "t5"}')
     return root
