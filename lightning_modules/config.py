@@ -447,6 +447,7 @@ class CheckpointInfo:
     max_positions: int | None
     run: dict | None
     has_tokenizer: bool
+    family: str  # encoder for a BERT masked LM, else decoder
 
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "gpt2", "bert")
@@ -505,4 +506,6 @@ def checkpoint_info(path: str) -> CheckpointInfo:
         heads = [n] * layers
     max_pos = cfg.get("max_position_embeddings", cfg.get("n_positions"))
     has_tok = any(os.path.isfile(os.path.join(model_dir, f)) for f in ("tokenizer.json", "vocab.txt", "vocab.json"))
-    return CheckpointInfo(model_dir, mt, heads, max_pos, run, has_tok)
+    archs = cfg.get("architectures") or []
+    family = "encoder" if mt == "bert" and any("MaskedLM" in a for a in archs) else "decoder"
+    return CheckpointInfo(model_dir, mt, heads, max_pos, run, has_tok, family)

@@ -385,6 +385,31 @@ def make_tokenizer(cfg: DataConfig, corpus: Corpus | None):
     return pretrained_tokenizer(cfg.tokenizer.split(":", 1)[1])
 
 
+MQAR_PAIRS = {"train": 8, "val": 8, "calibration": 8, "id": 8, "shift": 16}  # shift: twice the pairs to recall
+MQAR_STREAMS = {"val": 1, "calibration": 2, "id": 3, "shift": 4}  # train uses the run's seed (+ 1000)
+
+
+def mqar_hash() -> str:
+    params = {"pairs": MQAR_PAIRS, "streams": MQAR_STREAMS}
+    return "mqar-" + hashlib.sha256(json.dumps(params).encode()).hexdigest()[:11]
+
+
+def data_hash(corpus: Corpus, tokenizer) -> str:
+    """The identity of the token streams a run sees: the corpus hash, plus the tokenizer's unless it is bytes."""
+    if tokenizer.name == "byte":
+        return corpus.corpus_hash
+    return corpus.corpus_hash + "-" + hashlib.sha256(tokenizer.name.encode()).hexdigest()[:6]
+
+
+def data_hash_of(cfg: DataConfig) -> str:
+    """`data_hash` without torch: what a sweep's driver puts into every unit key (and trains a BPE tokenizer
+    into the cache once, before trials would race to)."""
+    if cfg.source == "mqar":
+        return mqar_hash()
+    corpus = load_corpus(cfg)
+    return data_hash(corpus, make_tokenizer(cfg, corpus))
+
+
 def encode_docs(tokenizer, docs: list[str]) -> np.ndarray:
     """Concatenate documents, each followed by eos, into one token stream."""
     if not docs:

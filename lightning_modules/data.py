@@ -11,16 +11,25 @@ is scored on the same tokens.
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .config import DataConfig, HeadroomInputError, TrainConfig
-from .corpus import EVAL_SETS, ByteTokenizer, Corpus, encode_docs, load_corpus, make_tokenizer, unigram_entropy_of
+from .corpus import (
+    EVAL_SETS,
+    MQAR_PAIRS,
+    MQAR_STREAMS,
+    ByteTokenizer,
+    Corpus,
+    data_hash,
+    encode_docs,
+    load_corpus,
+    make_tokenizer,
+    mqar_hash,
+    unigram_entropy_of,
+)
 
 EVAL_MASK_SEED = 1_000_003  # one masking of each eval window for all runs
 
@@ -134,8 +143,6 @@ class MQAR(Dataset):
         return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
 
 
-MQAR_PAIRS = {"train": 8, "val": 8, "calibration": 8, "id": 8, "shift": 16}  # shift: twice the pairs to recall
-MQAR_STREAMS = {"val": 1, "calibration": 2, "id": 3, "shift": 4}  # train uses the run's seed (+ 1000)
 
 
 # ----------------------------------------------------------------------------------------- DataModule
@@ -160,16 +167,13 @@ class HeadroomData(pl.LightningDataModule):
             return self
         if self.data.source == "mqar":
             self.tokenizer = ByteTokenizer()
-            params = {"pairs": MQAR_PAIRS, "streams": MQAR_STREAMS}
-            self.corpus_hash = "mqar-" + hashlib.sha256(json.dumps(params).encode()).hexdigest()[:11]
+            self.corpus_hash = mqar_hash()
             self.shift_note = "MQAR with twice as many key-value pairs to recall (16 instead of 8)"
         else:
             self.corpus = load_corpus(self.data)
             self.tokenizer = make_tokenizer(self.data, self.corpus)
             self.streams = {s: encode_docs(self.tokenizer, d) for s, d in self.corpus.splits.items() if d}
-            self.corpus_hash = self.corpus.corpus_hash
-            if self.tokenizer.name != "byte":
-                self.corpus_hash += "-" + hashlib.sha256(self.tokenizer.name.encode()).hexdigest()[:6]
+            self.corpus_hash = data_hash(self.corpus, self.tokenizer)
             self.shift_note = self.corpus.shift_note
             seq = self.train_cfg.seq_len
             for s in ("val", "calibration", "id"):

@@ -92,6 +92,8 @@ class HeadroomLM(pl.LightningModule):
         self.model = model
         self.loss_fn = loss_fn or token_losses
         self.n_params = count_parameters(self.model)
+        self._t0: float | None = None
+        self._val = [0.0, 0]
 
     @classmethod
     def from_model(cls, model, train_cfg: TrainConfig, loss_fn=None) -> "HeadroomLM":
@@ -101,8 +103,6 @@ class HeadroomLM(pl.LightningModule):
         mc = model_config_of(model)
         return cls(mc.model_dump(mode="json") if mc else None, train_cfg.model_dump(mode="json"), model=model,
                    loss_fn=loss_fn)
-        self._t0: float | None = None
-        self._val = [0.0, 0]
 
     def forward(self, batch: dict) -> torch.Tensor:
         s, n = self.loss_fn(self.model, batch)

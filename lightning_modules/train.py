@@ -70,9 +70,10 @@ def build_trainer(train_cfg: TrainConfig, checkpoint_dir: str | os.PathLike | No
 def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfig, *,
              checkpoint_dir: str | os.PathLike | None = None, ckpt_path: str | None = None, callbacks=(),
              logger=None, progress: bool = True, checkpoint_every: int | None = None,
-             data: HeadroomData | None = None) -> TrainResult:
+             data: HeadroomData | None = None, final_eval: bool = True) -> TrainResult:
     """Fit a model of `model_cfg` (its vocab size is set from the tokenizer), then evaluate it on the val split
-    and every eval set. `ckpt_path` resumes a run from a Lightning checkpoint (data order included)."""
+    and every eval set (unless `final_eval` is False: a learning-rate search trial needs only its val reports).
+    `ckpt_path` resumes a run from a Lightning checkpoint (data order included)."""
     dm = data or HeadroomData(data_cfg, train_cfg, model_cfg.family)
     dm.prepare()
     if model_cfg.vocab_size != dm.vocab_size:
@@ -93,7 +94,7 @@ def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfi
     if checkpoint_dir is not None:
         # the rolling checkpoint is written every k steps; the final state must be the one on disk
         trainer.save_checkpoint(str(Path(checkpoint_dir) / "last.ckpt"))
-    metrics = evaluate_all(lm.model, dm, train_cfg.eval_batches)
+    metrics = evaluate_all(lm.model, dm, train_cfg.eval_batches) if final_eval else {"final": {}}
     tokens = clock.steps * train_cfg.batch_size * train_cfg.seq_len
     counts = param_counts(model_cfg)
     metrics.update(

@@ -26,6 +26,8 @@ from lightning_modules.config import (
 )
 from lightning_modules.corpus import check_source
 
+from .frameworks import quiet_frameworks as _quiet_frameworks
+
 EXIT_BAD_INPUT = 2
 
 
@@ -116,6 +118,42 @@ def _add_prune(sub) -> None:
     p.set_defaults(func=cmd_prune)
 
 
+def _add_sweep(sub) -> None:
+    p = sub.add_parser("sweep", help="run a sweep file: Ray Tune trials, MLflow runs, a summary",
+                       description="Run a sweep (sweeps/*.yaml) as Ray Tune stages — lr_search, train, prune, "
+                                   "controls — every unit an MLflow child run of the sweep's parent run. With no "
+                                   "flags: local Ray in-process, MLflow at sqlite:///mlflow.db, Tune storage "
+                                   "./ray_results. Under `ray job submit` the job's cluster is used.")
+    p.add_argument("file", help="the sweep file (YAML)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted or failed sweep: unfinished units start from their newest "
+                        "checkpoint, finished ones are skipped")
+    p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the sweep's, else sqlite:///mlflow.db)")
+    p.add_argument("--storage", help="Ray Tune storage: a path shared by all nodes, or s3://... (default ./ray_results)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_sweep)
+
+
+BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
+    "train_overhead": ["--steps", "6", "--warmup", "2", "--batch-size", "4", "--seq-len", "32"],
+    "ablation_batched": ["--scale", "xs", "--batches", "1", "--batch-size", "2", "--seq-len", "32",
+                         "--max-rows", "16"],
+    "prune_speed": ["--scale", "xs", "--batch-size", "2", "--seq-len", "32", "--repeats", "2", "--warmup", "1"],
+    "sweep_reuse": ["--tiny"],
+}
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="run the scripts of benchmarks/ and print their ratios",
+                       description="Run benchmarks/*.py (each measures a ratio side by side in one run and writes "
+                                   "JSON) and print the ratios against their goals.")
+    p.add_argument("names", nargs="*", help=f"which (default all): {', '.join(BENCHMARKS)}")
+    p.add_argument("--tiny", action="store_true", help="the tiny sizes CI uses (checks that they run, not speed)")
+    p.add_argument("--out-dir", default="benchmarks/results", help="where the JSON goes")
+    p.set_defaults(func=cmd_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="headroom", description="Is multi-head attention over-provisioned? "
                                                   "Prune-vs-scratch experiments at several scales.")
@@ -130,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_score(sub)
     _add_prune(sub)
+    _add_sweep(sub)
+    _add_bench(sub)
     return parser
 
 
@@ -138,22 +178,6 @@ def _check_out(out: str) -> Path:
     if p.exists() and (not p.is_dir() or any(p.iterdir())):
         raise HeadroomInputError(f"--out {out}: exists and is not empty; choose a new directory")
     return p
-
-
-def _quiet_frameworks() -> None:
-    """Keep the terminal for progress and results: no framework banners, tips or deprecation chatter."""
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
-    warnings.filterwarnings("ignore", message=".*weights_only.*")
-    import pytorch_lightning  # noqa: F401  (configures its loggers on import; quiet them afterwards)
-
-    for name in ("pytorch_lightning", "lightning_fabric", "lightning.pytorch"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode.*")
 
 
 def cmd_train(args) -> int:
@@ -228,11 +252,7 @@ def _checkpoint_setup(args):
         raise HeadroomInputError(_first_error(e)) from None
     if info.max_positions and train_cfg.seq_len > info.max_positions:
         raise HeadroomInputError(f"seq_len {train_cfg.seq_len} exceeds the model's maximum {info.max_positions}")
-    import json as _json
-
-    archs = _json.load(open(os.path.join(info.model_dir, "config.json"))).get("architectures") or []
-    family = "encoder" if info.model_type == "bert" and any("MaskedLM" in a for a in archs) else "decoder"
-    return info, data_cfg, train_cfg, family
+    return info, data_cfg, train_cfg, info.family
 
 
 def _load_for_scoring(info, data_cfg, train_cfg, family, calibration_batches):
@@ -334,6 +354,74 @@ def cmd_prune(args) -> int:
           + ", ".join(f"{k} {v:.2f}" for k, v in metrics["latency_ms"].items()))
     print(f"wrote {out}/ (model/, metrics.json, scores.png, prune_curve.png)")
     return 0
+
+
+def _check_tracking_uri(uri: str) -> None:
+    """A tracking URI we can use, and — for a server — one that answers, before anything starts."""
+    scheme = uri.split("://", 1)[0] if "://" in uri else ""
+    if scheme == "sqlite":
+        path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+        if not path:
+            raise HeadroomInputError(f"--tracking-uri {uri}: expected sqlite:///PATH")
+        parent = Path(path).expanduser().resolve().parent
+        if not parent.is_dir():
+            raise HeadroomInputError(f"--tracking-uri {uri}: directory {parent} does not exist")
+    elif scheme in ("http", "https"):
+        import urllib.error
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).read()
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            raise HeadroomInputError(f"--tracking-uri {uri}: tracking server unreachable ({reason})") from None
+    elif scheme not in ("", "file", "postgresql", "mysql", "databricks"):
+        raise HeadroomInputError(f"--tracking-uri {uri}: unsupported scheme {scheme!r}")
+
+
+def cmd_sweep(args) -> int:
+    from .spec import load_sweep
+
+    sweep, text = load_sweep(args.file)
+    uri = args.tracking_uri or sweep.tracking_uri
+    if uri:
+        _check_tracking_uri(uri)
+    storage = args.storage or sweep.storage
+    if storage and "://" not in storage and Path(storage).exists() and not Path(storage).is_dir():
+        raise HeadroomInputError(f"--storage {storage}: not a directory")
+    from .stages import run_sweep
+
+    return run_sweep(sweep, args.file, text, resume=args.resume, address=args.address, tracking_uri=args.tracking_uri,
+                     storage=args.storage, progress=not args.quiet)
+
+
+def cmd_bench(args) -> int:
+    import json
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    names = args.names or list(BENCHMARKS)
+    for n in names:
+        if n not in BENCHMARKS:
+            raise HeadroomInputError(f"bench: unknown benchmark {n!r}; choose from {', '.join(BENCHMARKS)}")
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for n in names:
+        out = out_dir / f"{n}.json"
+        cmd = [sys.executable, str(root / f"{n}.py"), *(BENCHMARKS[n] if args.tiny else []), "--out", str(out)]
+        print(f"== {n}: {' '.join(cmd[1:])}", flush=True)
+        r = subprocess.run(cmd)
+        if r.returncode != 0 or not out.exists():
+            print(f"{n}: failed (exit {r.returncode})")
+            failed += 1
+            continue
+        res = json.loads(out.read_text())
+        value = next((f"{k} {res[k]:.3g}" for k in ("ratio", "speedup") if isinstance(res.get(k), (int, float))),
+                     "see JSON")
+        goal = res.get("goal", res.get("goal_abs_error"))
+        print(f"{n}: {value}; goal {goal}; meets goal: {res.get('meets_goal')}  ({out})")
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

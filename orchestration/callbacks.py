@@ -1,0 +1,65 @@
+"""Lightning callbacks of a sweep's train trials: the per-step history and Ray Tune's report-and-checkpoint
+callback at every validation (see orchestration/trainables.py for why they travel together)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+from pytorch_lightning.callbacks import Callback
+from ray.tune.integration.pytorch_lightning import TuneReportCheckpointCallback
+
+from .plan import HISTORY, LIGHTNING_FILE
+
+
+class StepHistory(Callback):
+    """Buffers train/loss and train/lr of every optimizer step until the next report takes them."""
+
+    def __init__(self, fault: dict | None = None):
+        self.rows: list[list] = []
+        self.fault = fault
+        self.start_step: int | None = None  # the step this process started from (a restored checkpoint's)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = int(trainer.global_step)
+        if self.start_step is None:
+            self.start_step = step - 1
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.rows.append(["train/loss", step, float(loss)])
+        self.rows.append(["train/lr", step, float(trainer.optimizers[0].param_groups[0]["lr"])])
+        if self.fault and step == self.fault["step"]:
+            _fault(self.fault)
+
+    def take(self) -> str:
+        rows, self.rows = self.rows, []
+        return json.dumps(rows)
+
+
+def _fault(fault: dict) -> None:
+    """Test-only fault switch (HEADROOM_TEST_FAULT_STEP): the first trial to reach the step kills its own process,
+    once per sweep (a marker file under the storage path records that it fired)."""
+    try:
+        fd = os.open(fault["marker"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.close(fd)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class ReportAtValidation(TuneReportCheckpointCallback):
+    """Ray Tune's Lightning callback, reporting val metrics, the step and the buffered step history together with
+    the Lightning checkpoint of that step."""
+
+    def __init__(self, history: StepHistory, save_checkpoints: bool = True):
+        super().__init__(filename=LIGHTNING_FILE, save_checkpoints=save_checkpoints, on="validation_end")
+        self.history = history
+        self.last_step, self.last_val = -1, (float("nan"), float("nan"))
+
+    def _get_report_dict(self, trainer, pl_module):
+        if trainer.sanity_checking or "val/loss" not in trainer.callback_metrics:
+            return None
+        self.last_step = int(trainer.global_step)
+        self.last_val = (float(trainer.callback_metrics["val/loss"]), float(trainer.callback_metrics["val/ppl"]))
+        return {"step": self.last_step, "val/loss": self.last_val[0], "val/ppl": self.last_val[1],
+                HISTORY: self.history.take()}

@@ -1,0 +1,350 @@
+"""Sweep files (`sweeps/*.yaml`) parsed once into validated objects.
+
+Every later layer receives a `Sweep`, never a raw dict. Unknown keys are rejected and every error names its field
+path (`prune.ratios[1]: must be in [0, 1)`), so `headroom sweep` fails with one line before torch or Ray is
+imported. Cross-field checks (a ratio that empties a layer, a data path that matches nothing, a missing pretrained
+checkpoint) run here too, for the same reason.
+
+A sweep file, with the defaults of the fields it may leave out:
+
+    name: quickstart                # the MLflow experiment and the reports/<name>/ folder
+    family: decoder                 # or a list: [decoder, encoder]
+    data: {source: stdlib}          # lightning_modules.config.DataConfig: source, shift, tokenizer, ...
+    scales:                         # preset name -> its budget (absent with `pretrained`)
+      xs: {steps: 300, heads: 8, overrides: {batch_size: 16, seq_len: 128, val_every: 50}}
+    seeds: [0, 1, 2]
+    prune:
+      ratios: [0.5]
+      methods: [gradient, ablation, random]
+      scope: [per_layer]            # per_layer | global
+      schedule: [one_shot]          # one_shot | iterative (step: fraction removed per round)
+      finetune_steps: 0             # recovery fine-tune F
+      tolerance: 0.05               # "prunable": pruned loss before fine-tune <= dense loss x (1 + tolerance)
+    controls: [scratch_e, scratch_b, wide]
+    lr: 3.0e-3                      # or {search: {trials: 4, low: 1.0e-3, high: 1.0e-2, steps: 40}}; absent: preset
+    resources: {cpu: 1, gpu: 0}     # per trial
+    retries: 2                      # Ray retries of a failed trial (it continues from its checkpoint)
+    storage: ./ray_results          # or s3://bucket/prefix; CLI --storage overrides
+    tracking_uri: sqlite:///mlflow.db   # CLI --tracking-uri overrides
+    pretrained: {checkpoint: DIR}   # instead of scales: prune a local checkpoint only (Michel et al. style)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lightning_modules.config import (
+    METHODS,
+    SCALES,
+    DataConfig,
+    HeadroomInputError,
+    check_compatible,
+    check_ratio_fits,
+    checkpoint_info,
+    model_config_for,
+    train_config_for,
+)
+from lightning_modules.corpus import check_source
+
+CONTROLS: tuple[str, ...] = ("scratch_e", "scratch_b", "wide")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _ratio(v: float) -> float:
+    if not 0 <= v < 1:
+        raise ValueError("must be in [0, 1)")
+    return v
+
+
+def _method(v: str) -> str:
+    if v not in METHODS:
+        raise ValueError(f"unknown method {v!r}; choose one of {', '.join(METHODS)}")
+    return v
+
+
+def _unique(v: list) -> list:
+    seen = set()
+    for x in v:
+        if x in seen:
+            raise ValueError(f"duplicate value {x!r}")
+        seen.add(x)
+    return v
+
+
+def _as_list(v):
+    return [v] if isinstance(v, (str, int, float)) else v
+
+
+NonEmpty = Field(min_length=1)
+
+
+class TrainOverrides(_Strict):
+    """Per-scale changes to the training preset (lightning_modules.config.TrainConfig fields)."""
+
+    batch_size: int | None = Field(default=None, gt=0)
+    seq_len: int | None = Field(default=None, gt=1)
+    warmup_steps: int | None = Field(default=None, ge=0)
+    schedule: Literal["cosine", "linear", "constant"] | None = None
+    min_lr_ratio: float | None = Field(default=None, ge=0, le=1)
+    weight_decay: float | None = Field(default=None, ge=0)
+    grad_clip: float | None = Field(default=None, ge=0)
+    precision: Literal["auto", "32-true", "bf16-mixed", "16-mixed"] | None = None
+    val_every: int | None = Field(default=None, gt=0)
+    val_batches: int | None = Field(default=None, gt=0)
+    eval_batches: int | None = Field(default=None, gt=0)
+    mlm_probability: float | None = Field(default=None, gt=0, lt=1)
+
+
+class ScaleSpec(_Strict):
+    steps: int | None = Field(default=None, gt=0)  # dense budget T (default: the preset's)
+    heads: int | None = Field(default=None, gt=0)  # dense head count H (default: the preset's)
+    overrides: TrainOverrides = TrainOverrides()
+
+
+class PruneSpec(_Strict):
+    ratios: Annotated[list[Annotated[float, AfterValidator(_ratio)]], NonEmpty, AfterValidator(_unique)]
+    methods: Annotated[list[Annotated[str, AfterValidator(_method)]], NonEmpty, AfterValidator(_unique)]
+    scope: Annotated[list[Literal["per_layer", "global"]], NonEmpty, AfterValidator(_unique)] = ["per_layer"]
+    schedule: Annotated[list[Literal["one_shot", "iterative"]], NonEmpty, AfterValidator(_unique)] = ["one_shot"]
+    step: float = Field(default=0.1, gt=0, le=1)  # iterative: fraction of the heads removed per round
+    finetune_steps: int = Field(default=0, ge=0)
+    finetune_lr: float = Field(default=3e-4, gt=0)
+    calibration_batches: int = Field(default=8, gt=0)
+    tolerance: float = Field(default=0.05, gt=0)  # relative: pruned loss <= dense loss * (1 + tolerance)
+    curve: bool = True  # the mask-only prune curve (ratios 0..0.9)
+
+    _lists = field_validator("scope", "schedule", mode="before")(classmethod(lambda cls, v: _as_list(v)))
+
+
+class LrSearch(_Strict):
+    """Optuna (TPE) over a log-uniform learning rate, trials stopped early by ASHA."""
+
+    trials: int = Field(ge=2)
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+    steps: int = Field(gt=0)  # training steps of one search trial
+    grace_period: int = Field(default=1, gt=0)  # validation reports before ASHA may stop a trial
+    seed: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.low >= self.high:
+            raise ValueError(f"low {self.low} must be below high {self.high}")
+        return self
+
+
+class LrSpec(_Strict):
+    """`lr: 3.0e-3` (one rate for every scale) or `lr: {search: {...}}`."""
+
+    value: float | None = Field(default=None, gt=0)
+    search: LrSearch | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _number(cls, v):
+        return v if isinstance(v, dict) else {"value": v}
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.value is None) == (self.search is None):
+            raise ValueError("give a number or {search: {trials, low, high, steps}}")
+        return self
+
+
+class Resources(_Strict):
+    cpu: float = Field(default=1, gt=0)
+    gpu: float = Field(default=0, ge=0)
+
+
+class PretrainedSpec(_Strict):
+    checkpoint: str  # a `headroom train` run directory or a Hugging Face model directory
+    batch_size: int = Field(default=8, gt=0)
+    seq_len: int = Field(default=128, gt=1)
+    eval_batches: int = Field(default=16, gt=0)
+
+
+class Sweep(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    # default [decoder]; a pretrained sweep takes it from the checkpoint
+    family: Annotated[list[Literal["decoder", "encoder"]], NonEmpty, AfterValidator(_unique)] | None = None
+    data: DataConfig = DataConfig()
+    scales: dict[str, ScaleSpec] | None = None
+    seeds: Annotated[list[Annotated[int, Field(ge=0)]], NonEmpty, AfterValidator(_unique)] = [0]
+    prune: PruneSpec
+    controls: Annotated[list[Literal["scratch_e", "scratch_b", "wide"]], AfterValidator(_unique)] = []
+    lr: LrSpec | None = None
+    resources: Resources = Resources()
+    retries: int = Field(default=2, ge=0)
+    storage: str | None = None
+    tracking_uri: str | None = None
+    pretrained: PretrainedSpec | None = None
+
+    _family = field_validator("family", mode="before")(classmethod(lambda cls, v: _as_list(v)))
+
+    @field_validator("scales")
+    @classmethod
+    def _scale_names(cls, v):
+        if v is not None:
+            if not v:
+                raise ValueError("give at least one scale")
+            for name in v:
+                if name not in SCALES:
+                    raise ValueError(f"unknown scale {name!r}; choose from {', '.join(SCALES)}")
+        return v
+
+    # ---- derived
+    def spec_hash(self) -> str:
+        """Hash of the resolved spec, without where it runs (storage, tracking, resources, retries)."""
+        science = self.model_dump(mode="json", exclude={"storage", "tracking_uri", "resources", "retries"})
+        return hashlib.sha256(json.dumps(science, sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def families(self) -> list[str]:
+        return self.family or ["decoder"]
+
+    def dense_heads(self, scale: str) -> int:
+        s = (self.scales or {})[scale]
+        return s.heads or SCALES[scale].n_heads
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys silently; a sweep file with `seeds:` twice is a mistake."""
+
+
+def _mapping(loader: _UniqueKeyLoader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+# YAML 1.1 reads 3e-3 (no dot) as a string; sweep authors mean a number
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if part == "[key]":
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _message(err: dict) -> str:
+    kind = err.get("type")
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required"
+    return err.get("msg", "invalid").removeprefix("Value error, ")
+
+
+def format_error(e: ValidationError) -> str:
+    """One line for the first error; an unknown key comes first (a misspelt key also makes its field missing)."""
+    errors = e.errors()
+    err = next((x for x in errors if x.get("type") == "extra_forbidden"), errors[0])
+    path = _path(tuple(err.get("loc", ())))
+    return f"{path}: {_message(err)}" if path else _message(err)
+
+
+def parse_sweep(text: str, source: str = "sweep") -> Sweep:
+    """YAML text → a validated Sweep (schema and cross-field checks). Raises HeadroomInputError with one line."""
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise HeadroomInputError(f"{source}: {where}{what}") from None
+    if not isinstance(raw, dict):
+        raise HeadroomInputError(f"{source}: expected a mapping of sweep fields at the top level")
+    try:
+        sweep = Sweep.model_validate(raw)
+    except ValidationError as e:
+        raise HeadroomInputError(f"{source}: {format_error(e)}") from None
+    try:
+        check_sweep(sweep)
+    except HeadroomInputError as e:
+        raise HeadroomInputError(f"{source}: {e}") from None
+    return sweep
+
+
+def load_sweep(path: str | Path) -> tuple[Sweep, str]:
+    """Read and validate a sweep file; returns (sweep, file text)."""
+    p = Path(path)
+    if not p.is_file():
+        raise HeadroomInputError(f"sweep file {path}: no such file")
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise HeadroomInputError(f"sweep file {path}: cannot read it ({e.__class__.__name__})") from None
+    return parse_sweep(text, source=str(path)), text
+
+
+def check_sweep(s: Sweep) -> None:
+    """What one field cannot say alone. Raises HeadroomInputError('field.path: message')."""
+    if s.pretrained is not None:
+        for field, bad in (("scales", s.scales), ("controls", s.controls), ("lr", s.lr), ("family", s.family)):
+            if bad:
+                raise HeadroomInputError(f"{field}: a pretrained sweep runs the prune stage only; remove {field}")
+        try:
+            info = checkpoint_info(s.pretrained.checkpoint)
+        except HeadroomInputError as e:
+            raise HeadroomInputError(f"pretrained.checkpoint: {e}") from None
+        for i, r in enumerate(s.prune.ratios):
+            for scope in s.prune.scope:
+                try:
+                    check_ratio_fits(info.layer_heads, r, scope)
+                except HeadroomInputError as e:
+                    raise HeadroomInputError(f"prune.ratios[{i}]: {e} of the checkpoint") from None
+        if info.max_positions and s.pretrained.seq_len > info.max_positions:
+            raise HeadroomInputError(f"pretrained.seq_len: {s.pretrained.seq_len} exceeds the checkpoint's "
+                                     f"maximum {info.max_positions}")
+    elif not s.scales:
+        raise HeadroomInputError("scales: required (or name a pretrained checkpoint)")
+    for name, sc in (s.scales or {}).items():
+        h = s.dense_heads(name)
+        try:
+            model = model_config_for(name, s.families[0], n_heads=h)
+            train = train_config_for(name, steps=sc.steps, **sc.overrides.model_dump(exclude_none=True))
+            check_compatible(model, train)
+        except HeadroomInputError as e:
+            raise HeadroomInputError(f"scales.{name}: {e}") from None
+        for i, r in enumerate(s.prune.ratios):
+            for scope in s.prune.scope:
+                try:
+                    check_ratio_fits(model.layer_heads, r, scope)
+                except HeadroomInputError as e:
+                    raise HeadroomInputError(f"prune.ratios[{i}]: {e} of scale {name}") from None
+    if s.lr is not None and s.lr.search is not None:
+        for name in s.scales or {}:
+            if s.lr.search.steps > (s.scales[name].steps or SCALES[name].steps):
+                raise HeadroomInputError(f"lr.search.steps: {s.lr.search.steps} exceeds scale {name}'s budget")
+    try:
+        check_source(s.data)
+    except HeadroomInputError as e:
+        raise HeadroomInputError(f"data.source: {e}") from None
+    if s.data.tokenizer.startswith("pretrained:") and not Path(s.data.tokenizer[11:]).is_dir():
+        raise HeadroomInputError(f"data.tokenizer: {s.data.tokenizer[11:]} is not a directory")

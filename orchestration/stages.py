@@ -1,0 +1,371 @@
+"""`headroom sweep`: a validated Sweep run as Ray Tune stages, recorded in MLflow.
+
+    lr_search (optional)  per (scale, family): OptunaSearch + ASHA; the best rate feeds every training run
+    train                 dense runs and the controls known before pruning (per_layer Scratch-E, Scratch-B, wide)
+    prune                 one trial per (dense checkpoint × method × ratio × scope × schedule); never retrains
+    controls              Scratch-E/B of `global` prunes, copying the pruned per-layer head counts
+    summary               a table of mean losses (the verdict report is orchestration/report.py)
+
+Each stage is one Tuner over the units MLflow does not hold as finished. Within a run Ray retries a failed trial
+(FailureConfig) from its newest Tune checkpoint. Across driver runs the MLflow child of each unit is the index:
+the driver tags it with the unit's newest checkpoint, and `--resume` starts unfinished units from there. (Tune's
+own experiment restore would serve too, but its experiment state is saved at most every 10 s, so a restore can
+rerun a trial that had already finished; the MLflow record is exact.)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning_modules.config import HeadroomInputError, checkpoint_info
+
+from .plan import Unit, global_control_units, lr_candidate, lr_search_base, pretrained_units, prune_units, train_units
+from .spec import Sweep
+
+FAULT_ENV = "HEADROOM_TEST_FAULT_STEP"  # test-only: the first dense train trial to reach this step kills itself
+
+
+@dataclass(frozen=True)
+class Where:
+    tracking_uri: str
+    storage: str  # an absolute path, or a URI Ray Tune supports (s3://, gs://, ...)
+    reports: Path
+    address: str | None
+
+    @property
+    def local_storage(self) -> Path | None:
+        return None if "://" in self.storage else Path(self.storage)
+
+
+def resolve_where(sweep: Sweep, tracking_uri: str | None, storage: str | None, address: str | None) -> Where:
+    """Every path is resolved here, in the driver: trials run in their own working directories, on any node."""
+    from .tracking import resolve_tracking_uri
+
+    st = storage or sweep.storage or "ray_results"
+    if "://" not in st:
+        st = str(Path(st).expanduser().resolve())
+    return Where(resolve_tracking_uri(tracking_uri or sweep.tracking_uri), st,
+                 Path("reports", sweep.name).resolve(), address or os.environ.get("RAY_ADDRESS") or None)
+
+
+def _abs(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+def resolve_paths(sweep: Sweep) -> Sweep:
+    """The sweep with every local path absolute (data globs, local datasets, tokenizer and checkpoint
+    directories): trials run in their own working directories. A pretrained sweep with the default byte
+    tokenizer takes the checkpoint's own tokenizer when it has one."""
+    data = sweep.data
+    kind, _, rest = data.source.partition(":")
+    update = {}
+    if kind == "path":
+        update["source"] = "path:" + _abs(rest)
+    elif kind == "hf" and rest.startswith((".", "/", "~")):
+        update["source"] = "hf:" + _abs(rest)
+    if data.shift and data.shift.startswith("path:"):
+        update["shift"] = "path:" + _abs(data.shift[5:])
+    if data.tokenizer.startswith("pretrained:"):
+        update["tokenizer"] = "pretrained:" + _abs(data.tokenizer[11:])
+    top = {}
+    if sweep.pretrained is not None:
+        info = checkpoint_info(sweep.pretrained.checkpoint)
+        top["pretrained"] = sweep.pretrained.model_copy(update={"checkpoint": _abs(sweep.pretrained.checkpoint)})
+        if data.tokenizer == "byte" and info.has_tokenizer:
+            update["tokenizer"] = "pretrained:" + _abs(info.model_dir)
+        if sweep.family is None:
+            top["family"] = [info.family]
+    return sweep.model_copy(update={**top, "data": data.model_copy(update=update)})
+
+
+class Sweeper:
+    def __init__(self, sweep: Sweep, sweep_file: str, sweep_text: str, where: Where, resume: bool,
+                 progress: bool = True):
+        self.hash = sweep.spec_hash()  # of the sweep as written: the same file gives the same parent anywhere
+        sweep = resolve_paths(sweep)
+        self.sweep, self.sweep_file, self.sweep_text = sweep, sweep_file, sweep_text
+        self.where, self.resume, self.progress = where, resume, progress
+        self.base = f"{sweep.name}-{self.hash[:8]}"
+        self.resources = {"cpu": sweep.resources.cpu, "gpu": sweep.resources.gpu}
+        self.missing: list[str] = []
+
+    # ------------------------------------------------------------------------------------------- plumbing
+    def say(self, msg: str) -> None:
+        if self.progress:
+            print(f"[headroom] {msg}", flush=True)
+
+    def _unit_dirname(self, trial) -> str:
+        return f"{trial.trial_id}"
+
+    def _tune(self, stage: str, trainable, param_space: dict, unit_of, n: int, tune_config=None, **params):
+        """One Tuner over `n` trials; returns the TrackingCallback (what completed)."""
+        from ray import tune
+
+        from .tracking import TrackingCallback
+
+        cb = TrackingCallback(self.tracker, unit_of, self.resources, self.say, n)
+        skip = frozenset(self.tracker.finished_keys())
+        fn = tune.with_resources(tune.with_parameters(trainable, skip=skip, **params), self.resources)
+        name = f"{self.base}-{stage}-{time.strftime('%Y%m%d-%H%M%S')}"
+        tc = tune_config or tune.TuneConfig()
+        tc.reuse_actors = True  # torch + transformers import once per worker, not once per trial
+        tc.trial_name_creator = lambda t: f"{unit_of(t).name}_{t.trial_id[-5:]}"
+        tc.trial_dirname_creator = self._unit_dirname
+        run_config = tune.RunConfig(
+            name=name, storage_path=self.where.storage, callbacks=[cb],
+            failure_config=tune.FailureConfig(max_failures=self.sweep.retries),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            verbose=0,  # progress is one line per finished trial, from the tracking callback
+        )
+        self.say(f"{stage}: {n} trial(s) → {self.where.storage}/{name}")
+        tune.Tuner(fn, param_space=param_space, tune_config=tc, run_config=run_config).fit()
+        return cb
+
+    def _grid(self, units: list[Unit], extra=None) -> dict:
+        from ray import tune
+
+        cfgs = []
+        for u in units:
+            c = {"unit": u.to_dict(), "resume_from": None}
+            if self.resume:
+                c["resume_from"] = self.tracker.tag(u.key, "headroom.checkpoint")
+            if extra:
+                c.update(extra(u))
+            cfgs.append(c)
+        return {"cfg": tune.grid_search(cfgs)}
+
+    def _todo(self, units: list[Unit]) -> list[Unit]:
+        done = self.tracker.finished_keys()
+        seen, out = set(), []
+        for u in units:
+            if u.key not in done and u.key not in seen:
+                seen.add(u.key)
+                out.append(u)
+        return out
+
+    # ------------------------------------------------------------------------------------------- stages
+    def lr_search(self, corpus_hash: str) -> dict:
+        """Per (scale, family): the best learning rate found by Optuna (TPE) with ASHA stopping poor trials early.
+        The study lives in an Optuna storage under the storage path, so a restarted sweep continues it."""
+        import optuna
+        from ray import tune
+        from ray.tune.schedulers import ASHAScheduler
+        from ray.tune.search.optuna import OptunaSearch
+
+        from .trainables import train_trial
+
+        s = self.sweep.lr.search
+        db = self._optuna_db()
+        storage = optuna.storages.RDBStorage(f"sqlite:///{db}")
+        best = {}
+        for scale in self.sweep.scales:
+            for family in self.sweep.families:
+                base = lr_search_base(self.sweep, scale, family, corpus_hash)
+                study_name = f"{self.base}-{scale}-{family}"
+                study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
+                                            load_if_exists=True)
+                complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+                remaining = s.trials - len(complete)
+                if remaining > 0:
+                    t = base.train_config()
+                    reports = math.ceil(t.steps / t.val_every) + 1
+                    searcher = OptunaSearch(metric="val/loss", mode="min", study_name=study_name, storage=storage,
+                                            sampler=optuna.samplers.TPESampler(seed=s.seed + len(complete)))
+                    sched = ASHAScheduler(time_attr="training_iteration", metric="val/loss", mode="min",
+                                          max_t=reports, grace_period=s.grace_period, reduction_factor=2)
+                    tc = tune.TuneConfig(search_alg=searcher, scheduler=sched, num_samples=remaining)
+                    self._tune(f"lr-{scale}-{family}", train_trial, {"lr": tune.loguniform(s.low, s.high)},
+                               lambda tr, b=base: lr_candidate(b, tr.config["lr"]), remaining, tc,
+                               base=base.to_dict())
+                    study = optuna.load_study(study_name=study_name, storage=storage)
+                best[(scale, family)] = float(study.best_trial.params["lr"])
+                self.say(f"lr_search {scale} {family}: best lr {best[(scale, family)]:.3g} "
+                         f"(val loss {study.best_value:.4f}, {len(study.trials)} trials)")
+        self.tracker.log_parent_params({f"best_lr/{sc}/{fa}": f"{v:.6g}" for (sc, fa), v in best.items()})
+        return best
+
+    def _optuna_db(self) -> Path:
+        if self.where.local_storage is not None:
+            d = self.where.local_storage / self.base
+        else:  # remote storage: the study stays with the driver
+            d = Path(os.environ.get("HEADROOM_CACHE", "~/.cache/headroom")).expanduser() / "optuna" / self.base
+        d.mkdir(parents=True, exist_ok=True)
+        return d / "optuna.db"
+
+    def train(self, stage: str, units: list[Unit]) -> None:
+        from .trainables import train_trial
+
+        todo = self._todo(units)
+        if len(units) and not todo:
+            self.say(f"{stage}: all {len(units)} unit(s) finished already")
+            return
+        if todo:
+            fault = None
+            if os.environ.get(FAULT_ENV) and self.where.local_storage is not None:
+                fault = {"step": int(os.environ[FAULT_ENV]),
+                         "marker": str(self.where.local_storage / self.base / "fault-fired")}
+                Path(fault["marker"]).parent.mkdir(parents=True, exist_ok=True)
+            self._tune(stage, train_trial, self._grid(todo), self._unit_of, len(todo), fault=fault)
+
+    def prune(self, units: list[Unit], dense_uri) -> list[Unit]:
+        from .trainables import prune_trial
+
+        runnable = []
+        for u in units:
+            if dense_uri(u) is None:
+                self.missing.append(f"{u.name}: its dense model did not finish")
+            else:
+                runnable.append(u)
+        todo = self._todo(runnable)
+        if units and not todo:
+            self.say(f"prune: all {len(runnable)} unit(s) finished already")
+        if todo:
+            self._tune("prune", prune_trial, self._grid(todo, lambda u: {"dense": dense_uri(u)}), self._unit_of,
+                       len(todo))
+        return runnable
+
+    @staticmethod
+    def _unit_of(trial) -> Unit:
+        return Unit.from_dict(trial.config["cfg"]["unit"])
+
+    # ------------------------------------------------------------------------------------------- the sweep
+    def corpus_hash(self) -> str:
+        from lightning_modules.corpus import data_hash_of
+
+        return data_hash_of(self.sweep.data)
+
+    def run(self) -> int:
+        import ray
+
+        from .tracking import Tracker
+
+        self.tracker = Tracker(self.where.tracking_uri, self.sweep.name, self.hash)
+        unfinished = self.tracker.unfinished_units()
+        if unfinished and not self.resume:
+            raise HeadroomInputError(
+                f"sweep {self.sweep.name} has {len(unfinished)} unfinished unit(s) from an earlier run; "
+                "pass --resume to continue them")
+        self.tracker.open_parent(self.sweep_file, self.sweep_text, self.sweep.model_dump(mode="json"))
+        self.tracker.close_stale_searches()
+        ok = False
+        try:
+            if not ray.is_initialized():
+                ray.init(address=self.where.address, logging_level="ERROR", log_to_driver=False,
+                         include_dashboard=False if self.where.address is None else None)
+            corpus_hash = self.corpus_hash()
+            self.say(f"sweep {self.sweep.name} (spec {self.hash}), corpus {corpus_hash}; MLflow "
+                     f"{self.where.tracking_uri}, experiment {self.sweep.name}")
+            if self.sweep.pretrained is not None:
+                self._run_pretrained(corpus_hash)
+            else:
+                self._run_scales(corpus_hash)
+            ok = not self.missing and not self.tracker.unfinished_units()
+            self.summary()
+        finally:
+            self.tracker.close_parent(ok)
+        if not ok:
+            print(f"[headroom] sweep {self.sweep.name} incomplete: "
+                  + "; ".join(self.missing or ["some units failed"]) + ". Rerun with --resume.", file=sys.stderr)
+            return 1
+        return 0
+
+    def _dense_uri(self, u: Unit) -> str | None:
+        self.tracker.refresh(u.dense_key)
+        return self.tracker.tag(u.dense_key, "headroom.checkpoint") if self.tracker.is_finished(u.dense_key) else None
+
+    def _run_scales(self, corpus_hash: str) -> None:
+        lrs = self.lr_search(corpus_hash) if self.sweep.lr is not None and self.sweep.lr.search else None
+        units = train_units(self.sweep, corpus_hash, lrs)
+        self.train("train", units)
+        dense = [u for u in units if u.arm == "dense"]
+        pruned = self.prune(prune_units(self.sweep, dense), self._dense_uri)
+        if self.sweep.controls and "global" in self.sweep.prune.scope:
+            by_key = {u.key: u for u in dense}
+            controls = []
+            for p in pruned:
+                if p.scope != "global":
+                    continue
+                self.tracker.refresh(p.key)
+                kept = self.tracker.tag(p.key, "headroom.kept")
+                if not self.tracker.is_finished(p.key) or not kept:
+                    self.missing.append(f"{p.name}: unfinished, so its global-scope controls did not run")
+                    continue
+                controls += global_control_units(self.sweep, p, by_key[p.dense_key], [int(x) for x in kept.split(",")])
+            self.train("controls", controls)
+
+    def _run_pretrained(self, corpus_hash: str) -> None:
+        info = checkpoint_info(self.sweep.pretrained.checkpoint)
+        model_dir = str(Path(info.model_dir).resolve())
+        ident = _checkpoint_id(model_dir)
+        units = pretrained_units(self.sweep, self.sweep.families[0], ident, info.layer_heads, corpus_hash)
+        self.prune(units, lambda u: model_dir)
+
+    # ------------------------------------------------------------------------------------------- summary
+    def summary(self) -> None:
+        """Mean final loss over seeds, per (scale, family, ratio) and arm, on the first eval set."""
+        rows: dict[tuple, dict[str, list[float]]] = {}
+        for run in self.tracker.children.values():
+            t = run.data.tags
+            if t.get("headroom.stage") == "lr_search" or run.info.status != "FINISHED":
+                continue
+            m = run.data.metrics
+            split = "id" if "final/id/loss" in m else "val"
+            loss = m.get(f"final/{split}/loss")
+            if loss is None:
+                continue
+            arm = t["headroom.arm"]
+            if arm == "pruned":
+                arm = f"pruned:{t['headroom.method']}" + ("" if t["headroom.scope"] == "per_layer" else "/global")
+            elif t["headroom.scope"] == "global":
+                arm = f"{arm}:{t['headroom.method']}/global"
+            ratios = [t["headroom.ratio"]] if arm != "dense" else None
+            for r in ratios or sorted({x.data.tags.get("headroom.ratio") for x in self.tracker.children.values()
+                                       if x.data.tags.get("headroom.arm") == "pruned"}):
+                rows.setdefault((t["headroom.scale"], t["headroom.family"], r, split), {}).setdefault(arm, []).append(loss)
+        if not rows:
+            return
+        arms = sorted({a for v in rows.values() for a in v}, key=lambda a: (a != "dense", not a.startswith("pruned"), a))
+        head = ["scale", "family", "ratio", "set"] + arms
+        table = [head]
+        for (scale, family, ratio, split), v in sorted(rows.items()):
+            table.append([scale, family, str(ratio), split] + [
+                f"{statistics.fmean(v[a]):.4f} (n={len(v[a])})" if a in v else "—" for a in arms])
+        widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+        print(f"\nsweep {self.sweep.name}: mean final loss (nats/token) over seeds, lower is better")
+        for i, r in enumerate(table):
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+            if i == 0:
+                print("  ".join("-" * w for w in widths))
+        print(f"\nMLflow: experiment {self.sweep.name!r} at {self.where.tracking_uri} "
+              f"(parent run {self.tracker.parent_id})")
+
+
+def _checkpoint_id(model_dir: str) -> str:
+    """A pretrained checkpoint's identity for unit keys: its config and the names and sizes of its files."""
+    import hashlib
+
+    h = hashlib.sha256(Path(model_dir, "config.json").read_bytes())
+    for f in sorted(Path(model_dir).iterdir()):
+        if f.is_file():
+            h.update(f"{f.name}:{f.stat().st_size}".encode())
+    return "pretrained-" + h.hexdigest()[:16]
+
+
+def run_sweep(sweep: Sweep, sweep_file: str, sweep_text: str, *, resume: bool = False, address: str | None = None,
+              tracking_uri: str | None = None, storage: str | None = None, progress: bool = True) -> int:
+    # Tune's newer console output ignores verbose=0 and prints every trial's config; progress is ours
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    where = resolve_where(sweep, tracking_uri, storage, address)
+    if os.environ.get("HEADROOM_CACHE"):  # trials run in their own directories: make it absolute for them
+        os.environ["HEADROOM_CACHE"] = str(Path(os.environ["HEADROOM_CACHE"]).expanduser().resolve())
+    return Sweeper(sweep, sweep_file, sweep_text, where, resume, progress).run()
+

@@ -1,0 +1,315 @@
+"""MLflow, exactly the contract of ../shared/DESIGN.md.
+
+- experiment = sweep name; one parent run per (sweep name, spec hash), found again by its tags;
+- one child run per unit of work, found by its deterministic `headroom.key`: a trial retried by Ray, a resumed
+  sweep or a re-run continues that run (Ray's MLflowLoggerCallback creates a new run on restore; this does not);
+- stepped metrics are logged at most once per (run, metric, step): a restored trial that replays steps already
+  logged adds nothing.
+
+Only the driver writes: trials report to Tune and `TrackingCallback` (a Tune callback in the driver) logs. SQLite
+takes concurrent writers badly and Ray runs trials in their own working directories on any node; a single
+writer with absolute paths avoids both problems.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
+from mlflow.tracking import MlflowClient
+from ray.tune import Callback
+
+from .plan import DONE, HISTORY, KEPT, RESUMED, Unit
+
+PACKAGES = ("headroom", "torch", "transformers", "pytorch-lightning", "ray", "mlflow", "optuna", "datasets")
+FINISHED = RunStatus.to_string(RunStatus.FINISHED)
+RUNNING = RunStatus.to_string(RunStatus.RUNNING)
+STEPPED = ("train/loss", "train/lr", "val/loss", "val/ppl")
+SKIP_RESULT_KEYS = {"step", HISTORY, DONE, KEPT}
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """Default `sqlite:///mlflow.db` in the working directory, made absolute here, in the driver."""
+    uri = uri or "sqlite:///mlflow.db"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    if "://" not in uri:  # a plain directory: MLflow's file store
+        return Path(uri).resolve().as_uri()
+    return uri
+
+
+def _local_artifact_root(uri: str) -> str | None:
+    """Artifacts of a local store go beside it (mlruns/ next to mlflow.db), not into some trial's directory."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).parent / "mlruns").as_uri()
+    return None
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parents[1])
+        return out.stdout.strip() if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for p in PACKAGES:
+        try:
+            out[p] = version(p)
+        except PackageNotFoundError:
+            out[p] = "not installed"
+    return out
+
+
+class Tracker:
+    """The sweep's parent run and its children, by key."""
+
+    def __init__(self, uri: str, sweep_name: str, spec_hash: str):
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri)
+        exp = self.client.get_experiment_by_name(sweep_name)
+        if exp is None:
+            root = _local_artifact_root(uri)
+            self.experiment_id = self.client.create_experiment(sweep_name, artifact_location=root)
+        else:
+            self.experiment_id = exp.experiment_id
+        self.sweep_name, self.spec_hash = sweep_name, spec_hash
+        self.parent_id: str | None = None
+        self.children: dict[str, object] = {}  # key -> Run
+        self._last_step: dict[tuple[str, str], int] = {}
+
+    # ---- parent
+    def find_parent(self):
+        found = self._search(f"tags.`headroom.role` = 'parent' and tags.`headroom.spec_hash` = '{self.spec_hash}'")
+        return found[0] if found else None
+
+    def unfinished_units(self) -> list:
+        """Children of this spec's parent that an earlier driver left unfinished (lr_search candidates aside:
+        the Optuna study, not the run, is what a restart continues). Read-only."""
+        parent = self.parent_id
+        if parent is None:
+            found = self.find_parent()
+            if found is None:
+                return []
+            parent = found.info.run_id
+        return [r for r in self._search(f"tags.`mlflow.parentRunId` = '{parent}'")
+                if r.info.status != FINISHED and r.data.tags.get("headroom.stage") != "lr_search"]
+
+    def close_stale_searches(self) -> None:
+        """lr_search candidates an interrupted driver left RUNNING are over: their rates are never sampled again."""
+        for key, run in list(self.children.items()):
+            if run.data.tags.get("headroom.stage") == "lr_search" and run.info.status != FINISHED:
+                self.finish(key, run.info.run_id, RunStatus.to_string(RunStatus.KILLED))
+
+    def open_parent(self, sweep_file: str, sweep_text: str, resolved: dict, tags: dict | None = None) -> str:
+        found = self.find_parent()
+        if found:
+            self.parent_id = found.info.run_id
+            self.client.update_run(self.parent_id, status=RUNNING)
+        else:
+            commit = git_commit()
+            run = self.client.create_run(self.experiment_id, run_name=f"{self.sweep_name}-{self.spec_hash[:8]}", tags={
+                "headroom.role": "parent", "headroom.sweep": self.sweep_name, "headroom.spec_hash": self.spec_hash,
+                "headroom.git_commit": commit, "mlflow.source.git.commit": commit,
+                "headroom.sweep_file": os.path.basename(sweep_file)})
+            self.parent_id = run.info.run_id
+            params = [Param(f"version/{k}", v) for k, v in package_versions().items()]
+            params.append(Param("spec_hash", self.spec_hash))
+            self.client.log_batch(self.parent_id, params=params)
+            self.client.log_text(self.parent_id, sweep_text, f"sweep/{os.path.basename(sweep_file)}")
+            self.client.log_text(self.parent_id, json.dumps(resolved, indent=2, sort_keys=True), "sweep/resolved.json")
+        for k, v in (tags or {}).items():
+            self.client.set_tag(self.parent_id, k, v)
+        self.children = {r.data.tags["headroom.key"]: r for r in self._search(
+            f"tags.`mlflow.parentRunId` = '{self.parent_id}'") if "headroom.key" in r.data.tags}
+        return self.parent_id
+
+    def close_parent(self, ok: bool) -> None:
+        self.client.set_terminated(self.parent_id, FINISHED if ok else RunStatus.to_string(RunStatus.FAILED))
+
+    def parent_tag(self, name: str) -> str | None:
+        return self.client.get_run(self.parent_id).data.tags.get(name)
+
+    def set_parent_tag(self, name: str, value: str) -> None:
+        self.client.set_tag(self.parent_id, name, value)
+
+    def log_parent_params(self, params: dict) -> None:
+        self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in params.items()])
+
+    # ---- children
+    def _search(self, filter_string: str) -> list:
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs([self.experiment_id], filter_string, ViewType.ACTIVE_ONLY,
+                                           max_results=1000, page_token=token)
+            runs += list(page)
+            token = page.token
+            if not token:
+                return runs
+
+    def finished_keys(self) -> set[str]:
+        return {k for k, r in self.children.items() if r.info.status == FINISHED}
+
+    def child(self, unit: Unit) -> str:
+        """The run of `unit`: its existing one (set RUNNING unless finished), or a new one with the contract's tags."""
+        run = self.children.get(unit.key)
+        if run is not None:
+            if run.info.status != FINISHED:
+                self.client.update_run(run.info.run_id, status=RUNNING)
+            return run.info.run_id
+        run = self.client.create_run(self.experiment_id, run_name=unit.name,
+                                     tags={**unit.tags(), "mlflow.parentRunId": self.parent_id})
+        self.client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in unit.params().items()])
+        self.children[unit.key] = run
+        self._last_step.update({(run.info.run_id, m): 0 for m in STEPPED})
+        return run.info.run_id
+
+    def is_finished(self, key: str) -> bool:
+        run = self.children.get(key)
+        return run is not None and run.info.status == FINISHED
+
+    def last_step(self, run_id: str, metric: str) -> int:
+        k = (run_id, metric)
+        if k not in self._last_step:
+            hist = self.client.get_metric_history(run_id, metric)
+            self._last_step[k] = max((m.step for m in hist), default=0)
+        return self._last_step[k]
+
+    def log_stepped(self, run_id: str, rows: list[tuple[str, int, float]]) -> int:
+        """Log (metric, step, value) rows whose step is beyond what the run already holds. Returns how many."""
+        now = int(time.time() * 1000)
+        fresh = []
+        for metric, step, value in rows:
+            if step > self.last_step(run_id, metric):
+                fresh.append(Metric(metric, float(value), now, int(step)))
+        for i in range(0, len(fresh), 1000):
+            self.client.log_batch(run_id, metrics=fresh[i:i + 1000])
+        for m in fresh:
+            self._last_step[(run_id, m.key)] = max(self._last_step[(run_id, m.key)], m.step)
+        return len(fresh)
+
+    def log_values(self, run_id: str, values: dict[str, float], step: int = 0) -> None:
+        now = int(time.time() * 1000)
+        ms = [Metric(k, float(v), now, step) for k, v in values.items()]
+        for i in range(0, len(ms), 1000):
+            self.client.log_batch(run_id, metrics=ms[i:i + 1000])
+
+    def finish(self, key: str, run_id: str, status: str = FINISHED) -> None:
+        self.client.set_terminated(run_id, status)
+        self.children[key] = self.client.get_run(run_id)
+
+    def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def tag(self, key: str, name: str) -> str | None:
+        run = self.children.get(key)
+        return run.data.tags.get(name) if run is not None else None
+
+    def metric(self, key: str, name: str) -> float | None:
+        run = self.children.get(key)
+        return run.data.metrics.get(name) if run is not None else None
+
+    def refresh(self, key: str) -> None:
+        run = self.children.get(key)
+        if run is not None:
+            self.children[key] = self.client.get_run(run.info.run_id)
+
+
+def checkpoint_uri(checkpoint) -> str:
+    """A persisted Tune checkpoint as a path or URI any node can open with `ray.tune.Checkpoint(uri)`."""
+    import pyarrow.fs
+
+    fs = checkpoint.filesystem
+    if fs is None or isinstance(fs, pyarrow.fs.LocalFileSystem):
+        return checkpoint.path
+    return f"{fs.type_name}://{checkpoint.path}"
+
+
+class TrackingCallback(Callback):
+    """Driver-side Tune callback: trial events → the unit's MLflow run."""
+
+    ARTIFACTS = ("scores.json", "scores.png", "prune_curve.png", "metrics.json")
+
+    def __init__(self, tracker: Tracker, unit_of, resources: dict, say=None, total: int = 0):
+        self.tracker, self.unit_of, self.resources = tracker, unit_of, resources
+        self.say, self.total = say or (lambda msg: None), total
+        self.runs: dict[str, tuple[Unit, str]] = {}  # trial id -> (unit, run id)
+        self.completed: list[Unit] = []
+
+    def _run(self, trial) -> tuple[Unit, str] | None:
+        if trial.trial_id not in self.runs:
+            unit = self.unit_of(trial)
+            if self.tracker.is_finished(unit.key):
+                return None  # a finished unit restored by Tune does nothing (the trainable skips it too)
+            self.runs[trial.trial_id] = (unit, self.tracker.child(unit))
+        return self.runs[trial.trial_id]
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._run(trial)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        got = self._run(trial)
+        if got is None:
+            return
+        unit, run_id = got
+        rows = [tuple(r) for r in json.loads(result.get(HISTORY) or "[]")]
+        step = int(result.get("step", 0))
+        if "val/loss" in result:
+            rows += [("val/loss", step, result["val/loss"]), ("val/ppl", step, result["val/ppl"])]
+        self.tracker.log_stepped(run_id, rows)
+        if result.get(DONE):
+            values = {k: v for k, v in result.items() if "/" in k and k not in STEPPED and isinstance(v, (int, float))}
+            values.update({k: result[k] for k in ("params", "flops_per_token", "params_dense",
+                                                  "flops_per_token_dense", "tokens_per_s", RESUMED) if k in result})
+            seconds = float(result.get("time_total_s", 0.0))
+            values["cost/cpu_s"] = seconds * self.resources.get("cpu", 1)
+            values["cost/gpu_s"] = seconds * self.resources.get("gpu", 0)
+            values["cost/wall_s"] = seconds
+            self.tracker.log_values(run_id, values, step=step)
+            if result.get(KEPT):
+                self.tracker.set_tags(run_id, {"headroom.kept": ",".join(map(str, json.loads(result[KEPT])))})
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        """The unit's newest persisted checkpoint: where `--resume` starts it again."""
+        got = self._run(trial)
+        if got is not None:
+            self.tracker.set_tags(got[1], {"headroom.checkpoint": checkpoint_uri(checkpoint)})
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        got = self._run(trial)
+        if got is None:
+            return
+        unit, run_id = got
+        ckpt = trial.checkpoint
+        if ckpt is not None and (trial.last_result or {}).get(DONE):
+            self.tracker.set_tags(run_id, {"headroom.checkpoint": checkpoint_uri(ckpt)})
+            with ckpt.as_directory() as d, tempfile.TemporaryDirectory() as tmp:
+                files = [f for f in self.ARTIFACTS if os.path.exists(os.path.join(d, f))]
+                for f in files:
+                    shutil.copy(os.path.join(d, f), tmp)
+                if files:
+                    self.tracker.client.log_artifacts(run_id, tmp)
+        # an lr_search trial stopped early by ASHA ends here too: a finished candidate with fewer val reports
+        self.tracker.finish(unit.key, run_id)
+        self.completed.append(unit)
+        r = trial.last_result or {}
+        loss = next((f"{k} {r[k]:.4f}" for k in ("final/id/loss", "final/val/loss", "val/loss") if k in r), "")
+        early = "" if r.get(DONE) else " (stopped early by ASHA)"
+        self.say(f"  {len(self.completed)}/{self.total} {unit.name}: {loss}{early}, {r.get('time_total_s', 0):.0f} s")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        got = self._run(trial)
+        if got is not None:
+            self.tracker.finish(got[0].key, got[1], RunStatus.to_string(RunStatus.FAILED))
+            err = (getattr(trial, "error_file", None) or "")
+            self.say(f"  FAILED {got[0].name} after {trial.num_failures} attempt(s); error in {err}")

@@ -1,0 +1,167 @@
+"""Ray Tune function trainables: one unit of work per trial.
+
+A trial runs in a Ray worker process, in its own working directory, possibly on another node. It reads its inputs
+from the trial config (paths resolved by the driver) and the Tune storage path, and reports to Tune only: metrics,
+per-step history and checkpoints travel in its reports, and the driver's tracking callback writes them to MLflow
+(one writer per store; see orchestration/tracking.py).
+
+Exactly-once step history: `train/loss` of steps since the previous report rides along with the next report, and
+a report at a validation point carries the checkpoint of that step. A trial killed between two reports loses the
+unreported steps together with their checkpoint; Ray restores it from the last checkpoint and those steps run —
+and are reported — once more, for the first time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from ray import tune
+
+from .plan import DONE, HISTORY, KEPT, LIGHTNING_FILE, RESUMED, Unit, lr_candidate
+
+
+def _setup() -> None:
+    from lightning_modules.train import set_threads
+
+    from .frameworks import quiet_frameworks
+
+    quiet_frameworks()
+    set_threads()
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else float("nan")
+
+
+def _final_metrics(metrics: dict) -> dict:
+    out = {}
+    for split, v in metrics.get("final", {}).items():
+        out[f"final/{split}/loss"] = v["loss"]
+        out[f"final/{split}/ppl"] = _finite(v["ppl"])
+    for k in ("params", "flops_per_token", "steps", "tokens_per_s"):
+        if k in metrics:
+            out[k] = metrics[k]
+    return out
+
+
+def train_trial(config: dict, base: dict | None = None, fault: dict | None = None, skip: frozenset = frozenset()):
+    """Train one model (dense, a control, or an lr_search candidate when `base` is given and config has `lr`)."""
+    cfg = {} if base else config["cfg"]
+    unit = lr_candidate(Unit.from_dict(base), config["lr"]) if base else Unit.from_dict(cfg["unit"])
+    if unit.key in skip:  # finished already: never run twice
+        return
+    _setup()
+    from lightning_modules.models import save_model
+    from lightning_modules.train import train_lm
+
+    from .callbacks import ReportAtValidation, StepHistory
+
+    work = Path(tempfile.mkdtemp(prefix="headroom-trial-"))
+    ckpt_path = None
+    # Ray's retry of this trial, or else (`--resume`) the unit's newest checkpoint from an earlier driver
+    resumed = tune.get_checkpoint()
+    if resumed is None and cfg.get("resume_from"):
+        resumed = tune.Checkpoint(cfg["resume_from"])
+    if resumed is not None:
+        resumed.to_directory(str(work / "resume"))
+        if (work / "resume" / "metrics.json").exists():  # died after its final report: say it again
+            metrics = json.loads((work / "resume" / "metrics.json").read_text())
+            tune.report({**_final_metrics(metrics), "step": metrics["steps"], HISTORY: "[]", DONE: 1},
+                        checkpoint=resumed)
+            return
+        ckpt_path = str(work / "resume" / LIGHTNING_FILE)
+    is_search = unit.stage == "lr_search"
+    history = StepHistory(fault if unit.stage == "train" and unit.arm == "dense" else None)
+    report = ReportAtValidation(history, save_checkpoints=not is_search)
+    result = train_lm(unit.model_config(), unit.train_config(), unit.data_config(), ckpt_path=ckpt_path,
+                      callbacks=[history, report], progress=False, final_eval=not is_search)
+    m = result.metrics
+    final = {**_final_metrics(m), "step": m["steps"], HISTORY: history.take(), DONE: 1,
+             RESUMED: history.start_step if history.start_step is not None else m["steps"]}
+    if is_search:  # the objective is the val loss at the last step
+        if report.last_step != m["steps"]:
+            from lightning_modules.lm import evaluate
+
+            t = unit.train_config()
+            v = evaluate(result.lm.model, result.data.loader("val", t.val_batches))
+            report.last_val = (v["loss"], v["ppl"])
+        final.update({"val/loss": report.last_val[0], "val/ppl": report.last_val[1]})
+        tune.report(final)
+        return
+    out = work / "final"
+    save_model(result.lm.model, out / "model", result.data.tokenizer)
+    from lightning_modules.train import _finite as finite_json
+
+    (out / "metrics.json").write_text(json.dumps(finite_json(m), indent=2) + "\n")
+    tune.report(final, checkpoint=tune.Checkpoint.from_directory(str(out)))
+
+
+def _load_dense(uri: str, work: Path):
+    """The dense model of a prune unit: a finished train trial's Tune checkpoint (local path or URI), or a
+    pretrained checkpoint directory."""
+    from lightning_modules.models import load_model
+
+    ckpt = tune.Checkpoint(uri)
+    local = Path(uri) if os.path.isdir(uri) else Path(ckpt.to_directory(str(work / "dense")))
+    return load_model(local / "model" if (local / "model" / "config.json").exists() else local)
+
+
+def prune_trial(config: dict, skip: frozenset = frozenset()):
+    """Score the heads of one dense checkpoint on calibration data, prune, evaluate before and after recovery
+    fine-tuning on every eval set, and record the mask-only prune curve. Never retrains the dense model."""
+    cfg = config["cfg"]
+    unit = Unit.from_dict(cfg["unit"])
+    if unit.key in skip:
+        return
+    _setup()
+    import torch
+
+    from lightning_modules.config import HeadroomInputError, PrunePlan
+    from lightning_modules.data import HeadroomData
+    from lightning_modules.models import save_model
+    from lightning_modules.pruning import run_prune
+
+    from .plots import heatmap, prune_curve_plot
+
+    t0 = time.time()
+    work = Path(tempfile.mkdtemp(prefix="headroom-prune-"))
+    model = _load_dense(cfg["dense"], work)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    data = HeadroomData(unit.data_config(), unit.train_config(), unit.family).prepare()
+    if data.vocab_size > model.config.vocab_size:
+        raise HeadroomInputError(f"tokenizer has {data.vocab_size} tokens, the model {model.config.vocab_size}")
+    plan = PrunePlan(**unit.plan)
+    pruned, _, m = run_prune(model, data, plan, eval_batches=unit.train_config().eval_batches,
+                             calibration_batches=unit.calibration_batches, curve=unit.curve)
+    m.update(unit=unit.to_dict(), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets, seconds=time.time() - t0)
+    out = work / "final"
+    save_model(pruned, out / "model", data.tokenizer)
+    (out / "metrics.json").write_text(json.dumps(m, indent=2) + "\n")
+    (out / "scores.json").write_text(json.dumps({"method": plan.method, "scores": m["scores"],
+                                                 "kept": m["kept"], "heads_dense": m["heads_dense"]}) + "\n")
+    title = f"{unit.scale} {unit.family} seed {unit.seed}: {plan.method} importance"
+    heatmap(m["scores"], out / "scores.png", title)
+    if m["prune_curve"]:
+        prune_curve_plot(m["prune_curve"], ["val", *data.eval_sets], out / "prune_curve.png",
+                         f"{unit.scale} {unit.family} seed {unit.seed}: mask-only prune curve ({plan.method})")
+    flat = {"step": plan.finetune_steps, HISTORY: "[]", DONE: 1, KEPT: json.dumps(m["heads_kept"]),
+            "params": m["params"]["pruned"], "params_dense": m["params"]["dense"],
+            "flops_per_token": m["flops_per_token"]["pruned"]["total"],
+            "flops_per_token_dense": m["flops_per_token"]["dense"]["total"]}
+    for stage, key in (("final", "final"), ("pre_ft", "pre_ft"), ("dense", "dense"), ("pruned_no_ft", "no_ft")):
+        for split, v in m["loss"][stage].items():
+            flat[f"{key}/{split}/loss"] = v["loss"]
+            if stage == "final":
+                flat[f"final/{split}/ppl"] = _finite(v["ppl"])
+    for kind, ms in m["latency_ms"].items():
+        flat[f"latency_ms/{kind}"] = ms
+    for row in m["prune_curve"]:  # the mask-only curve, one metric per (eval set, ratio): MLflow's chart view
+        for split in ("val", *data.eval_sets):
+            flat[f"curve/{split}/r{row['ratio']:.1f}"] = row[split]
+    tune.report(flat, checkpoint=tune.Checkpoint.from_directory(str(out)))
