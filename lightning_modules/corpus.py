@@ -336,6 +336,12 @@ class HFTokenizer:
     def decode(self, ids) -> str:
         return self.tok.decode(list(ids))
 
+    def fingerprint(self) -> str:
+        """The tokenizer's content (vocabulary, merges, normalisation), not its name: a cache key."""
+        backend = getattr(self.tok, "backend_tokenizer", None)
+        text = backend.to_str() if backend is not None else json.dumps(self.tok.get_vocab(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("HEADROOM_CACHE", Path.home() / ".cache" / "headroom"))
@@ -420,6 +426,29 @@ def encode_docs(tokenizer, docs: list[str]) -> np.ndarray:
         parts.append(tokenizer.encode(d))
         parts.append(eos)
     return np.concatenate(parts)
+
+
+def encode_splits(tokenizer, splits: dict[str, list[str]], data_id: str) -> dict[str, np.ndarray]:
+    """Token streams of every non-empty split. A subword tokenizer's streams are cached in HEADROOM_CACHE by data
+    identity and tokenizer content: encoding a corpus takes seconds to minutes, and every trial of a sweep would
+    repeat it. Bytes are re-encoded (faster than reading a cache)."""
+    if tokenizer.name == "byte":
+        return {s: encode_docs(tokenizer, d) for s, d in splits.items() if d}
+    root = cache_dir() / "streams" / f"{data_id}-{tokenizer.fingerprint()}"
+    out = {}
+    for split, docs in splits.items():
+        if not docs:
+            continue
+        path = root / f"{split}.npy"
+        if path.exists():
+            out[split] = np.load(path)
+            continue
+        out[split] = encode_docs(tokenizer, docs)
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".{split}.tmp{os.getpid()}.npy"
+        np.save(tmp, out[split])
+        os.replace(tmp, path)  # atomic: a concurrent trial reads a whole file or none
+    return out
 
 
 def unigram_entropy_of(stream: np.ndarray, vocab_size: int) -> float:

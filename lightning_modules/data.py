@@ -24,7 +24,7 @@ from .corpus import (
     ByteTokenizer,
     Corpus,
     data_hash,
-    encode_docs,
+    encode_splits,
     load_corpus,
     make_tokenizer,
     mqar_hash,
@@ -172,8 +172,8 @@ class HeadroomData(pl.LightningDataModule):
         else:
             self.corpus = load_corpus(self.data)
             self.tokenizer = make_tokenizer(self.data, self.corpus)
-            self.streams = {s: encode_docs(self.tokenizer, d) for s, d in self.corpus.splits.items() if d}
             self.corpus_hash = data_hash(self.corpus, self.tokenizer)
+            self.streams = encode_splits(self.tokenizer, self.corpus.splits, self.corpus_hash)
             self.shift_note = self.corpus.shift_note
             seq = self.train_cfg.seq_len
             for s in ("val", "calibration", "id"):

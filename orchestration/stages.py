@@ -106,6 +106,7 @@ class Sweeper:
     def _tune(self, stage: str, trainable, param_space: dict, unit_of, n: int, tune_config=None, **params):
         """One Tuner over `n` trials; returns the TrackingCallback (what completed)."""
         from ray import tune
+        from ray.tune.logger import JsonLoggerCallback
 
         from .tracking import TrackingCallback
 
@@ -118,7 +119,7 @@ class Sweeper:
         tc.trial_name_creator = lambda t: f"{unit_of(t).name}_{t.trial_id[-5:]}"
         tc.trial_dirname_creator = self._unit_dirname
         run_config = tune.RunConfig(
-            name=name, storage_path=self.where.storage, callbacks=[cb],
+            name=name, storage_path=self.where.storage, callbacks=[cb, JsonLoggerCallback()],
             failure_config=tune.FailureConfig(max_failures=self.sweep.retries),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             verbose=0,  # progress is one line per finished trial, from the tracking callback
@@ -256,7 +257,8 @@ class Sweeper:
         ok = False
         try:
             if not ray.is_initialized():
-                ray.init(address=self.where.address, logging_level="ERROR", log_to_driver=False,
+                # no address: a new local Ray, even when a `ray start` cluster runs on this machine
+                ray.init(address=self.where.address or "local", logging_level="ERROR", log_to_driver=False,
                          include_dashboard=False if self.where.address is None else None)
             corpus_hash = self.corpus_hash()
             self.say(f"sweep {self.sweep.name} (spec {self.hash}), corpus {corpus_hash}; MLflow "
@@ -361,6 +363,10 @@ def run_sweep(sweep: Sweep, sweep_file: str, sweep_text: str, *, resume: bool = 
               tracking_uri: str | None = None, storage: str | None = None, progress: bool = True) -> int:
     # Tune's newer console output ignores verbose=0 and prints every trial's config; progress is ours
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # MLflow is the record: of Tune's default loggers keep the JSON one (the TensorBoard one would import torch
+    # into the driver, which needs none)
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # one "View run" line per trial
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -1,0 +1,140 @@
+"""Train once, prune many: what a prune-stage trial costs next to the dense training it reuses.
+
+Runs the smoke sweep's dense and prune stages through the real `headroom sweep` machinery (local Ray, MLflow in a
+temporary SQLite store), then, in the same Ray session, the naive grid: one trial per (dense model × method ×
+ratio) that trains its dense model and prunes it — the same training and pruning code, only without reuse.
+
+ratio = mean prune-stage trial seconds ÷ mean dense-arm train trial seconds (goal ≤ 0.2);
+naive_ratio = the same numerator for the naive grid's trials (each retrains) ÷ the same denominator.
+Trial seconds are Ray Tune's `time_total_s` of each trial (the sweep's `cost/wall_s` in MLflow).
+
+    python benchmarks/sweep_reuse.py            # smoke's units at the xs preset budget (300 dense steps)
+    python benchmarks/sweep_reuse.py --tiny     # one seed, one family, smoke's 40 steps (CI: checks the JSON)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def naive_trial(config):
+    """The baseline: train this unit's dense model, then prune it — in one trial, every time."""
+    from ray import tune
+
+    from lightning_modules.config import PrunePlan
+    from lightning_modules.pruning import run_prune
+    from lightning_modules.train import set_threads, train_lm
+    from orchestration.frameworks import quiet_frameworks
+    from orchestration.plan import Unit
+
+    quiet_frameworks()
+    set_threads()
+    cfg = config["cfg"]
+    dense, unit = Unit.from_dict(cfg["dense"]), Unit.from_dict(cfg["unit"])
+    result = train_lm(dense.model_config(), dense.train_config(), dense.data_config(), progress=False)
+    run_prune(result.lm.model.eval(), result.data, PrunePlan(**unit.plan),
+              eval_batches=unit.train_config().eval_batches, calibration_batches=unit.calibration_batches,
+              curve=unit.curve)
+    tune.report({"done": 1})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--steps", type=int, help="dense steps (default: 300, the xs preset; --tiny: smoke's 40)")
+    ap.add_argument("--out", default="benchmarks/results/sweep_reuse.json")
+    args = ap.parse_args()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+    from orchestration.plan import prune_units, train_units
+    from orchestration.spec import load_sweep
+
+    sweep, _ = load_sweep(ROOT / "sweeps" / "smoke.yaml")
+    steps = args.steps or (40 if args.tiny else 300)
+    scales = {k: v.model_copy(update={"steps": steps}) for k, v in sweep.scales.items()}
+    update = {"name": "bench-sweep-reuse", "scales": scales, "controls": [], "lr": None}
+    if args.tiny:
+        update.update(family=["decoder"], seeds=[0])
+    sweep = sweep.model_copy(update=update)
+
+    work = Path(tempfile.mkdtemp(prefix="headroom-bench-"))
+    cwd = os.getcwd()
+    os.chdir(work)  # mlflow.db, ray_results/ go here
+    try:
+        from orchestration.stages import run_sweep
+
+        t0 = time.time()
+        rc = run_sweep(sweep, "smoke.yaml", "(benchmark)", progress=False)
+        sweep_wall = time.time() - t0
+        if rc != 0:
+            print("the sweep failed", file=sys.stderr)
+            return 1
+        from mlflow.tracking import MlflowClient
+
+        c = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
+        exp = c.get_experiment_by_name(sweep.name)
+        runs = [r for r in c.search_runs([exp.experiment_id], max_results=1000) if "mlflow.parentRunId" in r.data.tags]
+        dense_s = [r.data.metrics["cost/wall_s"] for r in runs if r.data.tags["headroom.arm"] == "dense"]
+        prune_s = [r.data.metrics["cost/wall_s"] for r in runs if r.data.tags["headroom.stage"] == "prune"]
+
+        # the naive grid, in the same Ray session, with the same units
+        from ray import tune
+
+        from lightning_modules.corpus import data_hash_of
+
+        corpus = data_hash_of(sweep.data)
+        dense_units = [u for u in train_units(sweep, corpus) if u.arm == "dense"]
+        by_key = {u.key: u for u in dense_units}
+        grid = [{"dense": by_key[p.dense_key].to_dict(), "unit": p.to_dict()} for p in prune_units(sweep, dense_units)]
+        tuner = tune.Tuner(
+            tune.with_resources(naive_trial, {"cpu": sweep.resources.cpu}),
+            param_space={"cfg": tune.grid_search(grid)},
+            tune_config=tune.TuneConfig(reuse_actors=True),
+            run_config=tune.RunConfig(name="naive", storage_path=str(work / "ray_results"), verbose=0),
+        )
+        naive_s = [r.metrics["time_total_s"] for r in tuner.fit()]
+    finally:
+        os.chdir(cwd)
+
+    ratio = statistics.fmean(prune_s) / statistics.fmean(dense_s)
+    naive_ratio = statistics.fmean(naive_s) / statistics.fmean(dense_s)
+    result = {
+        "benchmark": "sweep_reuse",
+        "sweep": "smoke (dense and prune stages)",
+        "size": "tiny" if args.tiny else "default",
+        "dense_steps": steps,
+        "families": sweep.families,
+        "seeds": sweep.seeds,
+        "dense_trials": len(dense_s),
+        "prune_trials": len(prune_s),
+        "naive_trials": len(naive_s),
+        "dense_trial_s": dense_s,
+        "prune_trial_s": prune_s,
+        "naive_trial_s": naive_s,
+        "ratio": ratio,
+        "naive_ratio": naive_ratio,
+        "prune_stage_total_s": sum(prune_s),
+        "naive_grid_total_s": sum(naive_s),
+        "sweep_wall_s": sweep_wall,
+        "goal": 0.2,
+        "meets_goal": ratio <= 0.2,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("ratio", "naive_ratio", "dense_trials", "prune_trials", "meets_goal")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,338 @@
+"""`headroom sweep` end to end with local Ray started in-process and MLflow in SQLite: the smoke sweep and its
+re-run, a trial killed mid-training and retried by Ray, a killed driver resumed, and a pretrained sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+TAGS = ("stage", "arm", "scale", "family", "heads", "method", "ratio", "scope", "schedule", "seed", "key")
+
+
+def sweep_cmd(*args):
+    return [sys.executable, "-m", "orchestration.cli", "sweep", *map(str, args)]
+
+
+def run_sweep(cwd: Path, *args, env=None, timeout=900):
+    r = subprocess.run(sweep_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, **(env or {})})
+    return r
+
+
+def client(cwd: Path):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
+
+
+def runs_of(c, name: str):
+    exp = c.get_experiment_by_name(name)
+    return list(c.search_runs([exp.experiment_id], max_results=5000)) if exp else []
+
+
+def split(runs):
+    parents = [r for r in runs if r.data.tags.get("headroom.role") == "parent"]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return parents, children
+
+
+def steps_of(c, run, metric="train/loss"):
+    return sorted(m.step for m in c.get_metric_history(run.info.run_id, metric))
+
+
+# ------------------------------------------------------------------------------------------- smoke sweep
+
+
+@pytest.fixture(scope="session")
+def smoke(tmp_path_factory, cache_dir):
+    cwd = tmp_path_factory.mktemp("smoke")
+    t0 = time.time()
+    r = run_sweep(cwd, ROOT / "sweeps" / "smoke.yaml")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return {"cwd": cwd, "stdout": r.stdout, "seconds": time.time() - t0}
+
+
+def test_smoke_sweep_one_parent_and_every_unit_a_child_with_the_contract(smoke):
+    c = client(smoke["cwd"])
+    parents, children = split(runs_of(c, "smoke"))
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    ptags = parent.data.tags
+    assert re.fullmatch(r"[0-9a-f]{40}|unknown", ptags["headroom.git_commit"])
+    assert {"version/torch", "version/ray", "version/mlflow", "version/transformers"} <= set(parent.data.params)
+    arts = {a.path for a in c.list_artifacts(parent.info.run_id, "sweep")}
+    assert arts == {"sweep/smoke.yaml", "sweep/resolved.json"}
+    # 2 families × 4 lr candidates; 2 families × 2 seeds × (dense, scratch_e, scratch_b); × 2 methods pruned
+    by_stage = {}
+    for r in children:
+        assert r.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert all(r.data.tags.get(f"headroom.{t}") for t in TAGS), r.data.tags
+        by_stage.setdefault(r.data.tags["headroom.stage"], []).append(r)
+    assert {k: len(v) for k, v in by_stage.items()} == {"lr_search": 8, "train": 12, "prune": 8}
+    keys = [r.data.tags["headroom.key"] for r in children]
+    assert len(set(keys)) == len(keys)
+    arms = sorted((r.data.tags["headroom.arm"], r.data.tags["headroom.family"]) for r in by_stage["train"])
+    assert arms == sorted([(a, f) for a in ("dense", "scratch_e", "scratch_b") for f in ("decoder", "encoder")] * 2)
+    for r in by_stage["train"] + by_stage["prune"]:
+        m, t = r.data.metrics, r.data.tags
+        assert r.info.status == "FINISHED"
+        for s in ("val", "id", "shift"):
+            assert 0 < m[f"final/{s}/loss"] < 6 and m[f"final/{s}/ppl"] > 1
+        assert m["cost/cpu_s"] > 0 and m["cost/gpu_s"] == 0 and m["params"] > 0 and m["flops_per_token"] > 0
+        assert t["headroom.scale"] == "xs" and t["headroom.seed"] in ("0", "1")
+        if t["headroom.arm"] == "dense":
+            assert (t["headroom.heads"], t["headroom.method"], t["headroom.ratio"]) == ("8", "none", "none")
+        else:
+            assert t["headroom.ratio"] == "0.5"
+    for r in by_stage["prune"]:
+        m, t = r.data.metrics, r.data.tags
+        assert t["headroom.method"] in ("gradient", "random") and t["headroom.heads"] == "8"
+        assert (t["headroom.scope"], t["headroom.schedule"], t["headroom.kept"]) == ("per_layer", "one_shot", "4,4")
+        assert all(f"pre_ft/{s}/loss" in m for s in ("val", "id", "shift"))
+        assert m["params"] < m["params_dense"]
+        files = {a.path for a in c.list_artifacts(r.info.run_id)}
+        assert {"scores.json", "scores.png", "prune_curve.png", "metrics.json"} <= files
+    for r in by_stage["train"]:
+        if r.data.tags["headroom.arm"] != "dense":
+            assert r.data.tags["headroom.heads"] == "4" and r.data.tags["headroom.method"] == "none"
+
+
+def test_smoke_sweep_logs_every_training_step_once(smoke):
+    c = client(smoke["cwd"])
+    _, children = split(runs_of(c, "smoke"))
+    for r in children:
+        if r.data.tags["headroom.stage"] != "train":
+            continue
+        T = int(r.data.params["steps"])
+        assert steps_of(c, r) == list(range(1, T + 1)), r.info.run_name
+        assert steps_of(c, r, "val/loss") == [s for s in range(20, T + 1, 20)]
+
+
+def test_smoke_scratch_b_gets_the_compute_of_the_pruned_arm(smoke):
+    from lightning_modules.config import model_config_for, scratch_b_steps
+
+    c = client(smoke["cwd"])
+    _, children = split(runs_of(c, "smoke"))
+    for r in children:
+        if r.data.tags["headroom.arm"] == "scratch_b":
+            fam = r.data.tags["headroom.family"]
+            want = scratch_b_steps(model_config_for("xs", fam, 8), model_config_for("xs", fam, 4), 40, 10, 64)
+            assert int(r.data.params["steps"]) == want > 40
+
+
+def test_smoke_lr_search_feeds_the_train_stage(smoke):
+    import optuna
+
+    c = client(smoke["cwd"])
+    _, children = split(runs_of(c, "smoke"))
+    for fam in ("decoder", "encoder"):
+        cands = [r for r in children if r.data.tags["headroom.stage"] == "lr_search"
+                 and r.data.tags["headroom.family"] == fam]
+        assert len(cands) == 4 and len({r.data.params["lr"] for r in cands}) == 4
+        best = min(cands, key=lambda r: r.data.metrics["val/loss"])
+        used = {r.data.params["lr"] for r in children if r.data.tags["headroom.stage"] == "train"
+                and r.data.tags["headroom.family"] == fam}
+        assert used == {best.data.params["lr"]}
+        # the Optuna study lives under the storage path and agrees
+        db = next((smoke["cwd"] / "ray_results").glob("smoke-*/optuna.db"))
+        name = next(s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{db}")
+                    if s.study_name.endswith(f"-xs-{fam}"))
+        study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
+        assert float(used.pop()) == pytest.approx(study.best_trial.params["lr"], rel=1e-9)
+
+
+def test_smoke_sweep_prints_progress_and_summary(smoke):
+    out = smoke["stdout"]
+    assert "[headroom] train: 12 trial(s)" in out and "[headroom] prune: 8 trial(s)" in out
+    assert "mean final loss" in out and "pruned:gradient" in out and "scratch_b" in out
+
+
+def test_smoke_rerun_creates_no_runs(smoke):
+    c = client(smoke["cwd"])
+    before = {r.info.run_id: (r.info.status, r.info.end_time) for r in runs_of(c, "smoke")}
+    r = run_sweep(smoke["cwd"], ROOT / "sweeps" / "smoke.yaml")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "all 12 unit(s) finished already" in r.stdout and "all 8 unit(s) finished already" in r.stdout
+    after = {r.info.run_id: (r.info.status, r.info.end_time) for r in runs_of(c, "smoke")}
+    children = {k: v for k, v in after.items() if k in before}
+    assert set(after) == set(before)
+    assert all(children[k] == before[k] for k in before if before[k][0] == "FINISHED" and
+               k != split(runs_of(c, "smoke"))[0][0].info.run_id)
+
+
+# ------------------------------------------------------------------------- fault, kill, resume (one sweep)
+
+RESUME_SWEEP = """\
+name: resume
+family: decoder
+data: {source: stdlib}
+scales:
+  xs: {steps: 150, overrides: {batch_size: 8, seq_len: 64, warmup_steps: 5, val_every: 10, val_batches: 2,
+       eval_batches: 2}}
+seeds: [0, 1]
+prune: {ratios: [0.5], methods: [random], finetune_steps: 5, calibration_batches: 2, curve: false}
+controls: [scratch_e]
+retries: 2
+"""
+FAULT_STEP = 25
+
+
+def _descendants(pid):
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.fixture(scope="session")
+def interrupted(tmp_path_factory, cache_dir):
+    """The resume sweep with the fault switch on (one dense trial kills itself at step 25 and Ray retries it);
+    the driver is killed once the retried trial has finished and other units have not; then `--resume`."""
+    cwd = tmp_path_factory.mktemp("resume")
+    (cwd / "resume.yaml").write_text(RESUME_SWEEP)
+    env = {**os.environ, "HEADROOM_TEST_FAULT_STEP": str(FAULT_STEP)}
+    proc = subprocess.Popen(sweep_cmd("resume.yaml"), cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 600
+    c = None
+    killed_state = None
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            if not any("[headroom] train:" in line for line in lines):
+                continue  # the driver has created the MLflow tables once it starts training
+            c = c or client(cwd)
+            try:
+                _, children = split(runs_of(c, "resume"))
+            except Exception:  # the driver is creating tables
+                continue
+            done = [r for r in children if r.info.status == "FINISHED"]
+            retried = [r for r in done if r.data.metrics.get("resumed_at_step", 0) > 0]
+            if retried and len(done) < 6:
+                procs = _descendants(proc.pid)
+                os.killpg(proc.pid, signal.SIGKILL)
+                for p in procs:
+                    try:
+                        p.kill()
+                    except Exception:
+                        pass
+                proc.wait(30)
+                killed_state = {r.info.run_id: (r.info.status, r.info.end_time, dict(r.data.metrics))
+                                for r in split(runs_of(c, "resume"))[1]}
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    reader.join(10)
+    log = "".join(lines)
+    assert killed_state is not None, "the driver finished before the kill point:\n" + log[-3000:]
+    no_flag = run_sweep(cwd, "resume.yaml")
+    resumed = run_sweep(cwd, "resume.yaml", "--resume")
+    return {"cwd": cwd, "killed_state": killed_state, "no_flag": no_flag, "resumed": resumed, "log": log}
+
+
+def test_fault_switch_trial_retried_by_ray_continues_its_run(interrupted):
+    cwd = interrupted["cwd"]
+    assert len(list(cwd.glob("ray_results/resume-????????/fault-fired"))) == 1
+    c = client(cwd)
+    _, children = split(runs_of(c, "resume"))
+    retried = [r for r in children if r.data.metrics.get("resumed_at_step", 0) > 0
+               and r.info.run_id in interrupted["killed_state"]
+               and interrupted["killed_state"][r.info.run_id][0] == "FINISHED"]
+    assert len(retried) == 1
+    r = retried[0]
+    assert r.data.tags["headroom.arm"] == "dense"
+    # killed at step 25, restored from the checkpoint of step 20 (val_every 10): steps 21..25 ran twice and
+    # were logged once
+    assert r.data.metrics["resumed_at_step"] == 20
+    assert steps_of(c, r) == list(range(1, 151))
+    assert len(c.get_metric_history(r.info.run_id, "train/loss")) == 150
+
+
+def test_killed_driver_resumes_without_rerunning_or_duplicating(interrupted):
+    cwd, before = interrupted["cwd"], interrupted["killed_state"]
+    # without --resume an interrupted sweep is not silently restarted
+    no_flag = interrupted["no_flag"]
+    assert no_flag.returncode == 2 and "pass --resume" in no_flag.stderr
+    assert len(no_flag.stderr.strip().splitlines()) == 1
+    r = interrupted["resumed"]
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    c = client(cwd)
+    parents, children = split(runs_of(c, "resume"))
+    assert len(parents) == 1
+    keys = [x.data.tags["headroom.key"] for x in children]
+    assert len(keys) == len(set(keys)) == 6  # 2 dense, 2 scratch_e, 2 pruned
+    assert all(x.info.status == "FINISHED" for x in children)
+    unfinished_at_kill = [k for k, v in before.items() if v[0] != "FINISHED"]
+    assert len([v for v in before.values() if v[0] == "FINISHED"]) < 6
+    for x in children:
+        rid = x.info.run_id
+        if rid in before and before[rid][0] == "FINISHED":  # finished before the kill: untouched
+            assert (x.info.status, x.info.end_time) == before[rid][:2]
+            assert x.data.metrics == before[rid][2]
+        if x.data.tags["headroom.stage"] == "train":
+            T = int(x.data.params["steps"])
+            hist = c.get_metric_history(rid, "train/loss")
+            assert sorted(m.step for m in hist) == list(range(1, T + 1)), x.info.run_name
+    # a unit caught mid-training continued its own run (same run id as at the kill)
+    assert all(rid in {x.info.run_id for x in children} for rid in unfinished_at_kill)
+
+
+# -------------------------------------------------------------------------------------------- pretrained
+
+
+def test_pretrained_sweep_prunes_a_saved_checkpoint(tmp_path, cache_dir):
+    from test_spec import save_tiny_gpt2
+
+    save_tiny_gpt2(tmp_path / "checkpoints" / "gpt2")
+    text = (ROOT / "sweeps" / "pretrained.yaml").read_text()
+    # the shipped file, at test size and on the offline default data
+    for a, b in (('"hf:wikitext:wikitext-103-raw-v1"', "stdlib"), ("batch_size: 8", "batch_size: 4"),
+                 ("seq_len: 512", "seq_len: 64"), ("eval_batches: 32", "eval_batches: 2"),
+                 ("calibration_batches: 32", "calibration_batches: 2"),
+                 ("[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]", "[0.5]"), ("seeds: [0, 1, 2]", "seeds: [0]"),
+                 ("{cpu: 4, gpu: 1}", "{cpu: 1, gpu: 0}")):
+        assert a in text, a
+        text = text.replace(a, b)
+    (tmp_path / "pretrained.yaml").write_text(text)
+    r = run_sweep(tmp_path, "pretrained.yaml")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    c = client(tmp_path)
+    parents, children = split(runs_of(c, "pretrained-gpt2"))
+    assert len(parents) == 1 and len(children) == 3 * 2 * 2  # methods × scopes × schedules
+    for x in children:
+        t, m = x.data.tags, x.data.metrics
+        assert (t["headroom.stage"], t["headroom.arm"], t["headroom.scale"]) == ("prune", "pruned", "pretrained")
+        assert t["headroom.heads"] == "12" and x.info.status == "FINISHED"
+        assert x.data.params["data"] == "stdlib"
+        # no recovery fine-tune: the physically pruned model scores what the gated model scored
+        for s in ("val", "id", "shift"):
+            assert m[f"final/{s}/loss"] == pytest.approx(m[f"pre_ft/{s}/loss"], abs=1e-4)
+        kept = [int(k) for k in t["headroom.kept"].split(",")]
+        assert sum(kept) == 12  # half of 2 × 12 heads
+        if t["headroom.scope"] == "per_layer":
+            assert kept == [6, 6]
+    # the checkpoint's own BPE tokenizer was used, not bytes
+    path = c.download_artifacts(parents[0].info.run_id, "sweep/resolved.json", str(tmp_path / "download"))
+    resolved = json.loads(Path(path).read_text())
+    assert resolved["data"]["tokenizer"].startswith("pretrained:") and resolved["family"] == ["decoder"]
