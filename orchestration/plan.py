@@ -33,6 +33,7 @@ NONE = "none"
 HISTORY = "headroom_history"  # JSON list of [metric, step, value] since the previous report
 KEPT = "headroom_kept"  # prune: JSON list of the heads kept per layer
 DONE = "headroom_done"  # 1 on a unit's final report
+WORK = "work_s"  # seconds of the unit's own work in this attempt (framework imports excluded)
 RESUMED = "resumed_at_step"  # the step a train trial started from (0: from scratch)
 LIGHTNING_FILE = "checkpoint"  # the Lightning checkpoint's file name inside a Tune checkpoint
 TAG_FIELDS = ("stage", "arm", "scale", "family", "heads", "method", "ratio", "scope", "schedule", "seed", "key")

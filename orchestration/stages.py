@@ -110,6 +110,7 @@ class Sweeper:
 
         from .tracking import TrackingCallback
 
+        self._ray()
         cb = TrackingCallback(self.tracker, unit_of, self.resources, self.say, n)
         skip = frozenset(self.tracker.finished_keys())
         fn = tune.with_resources(tune.with_parameters(trainable, skip=skip, **params), self.resources)
@@ -127,6 +128,15 @@ class Sweeper:
         self.say(f"{stage}: {n} trial(s) → {self.where.storage}/{name}")
         tune.Tuner(fn, param_space=param_space, tune_config=tc, run_config=run_config).fit()
         return cb
+
+    def _ray(self) -> None:
+        """Ray starts (or is joined) only when a stage has trials to run: a finished sweep re-run needs none."""
+        import ray
+
+        if not ray.is_initialized():
+            # no address: a new local Ray, even when a `ray start` cluster runs on this machine
+            ray.init(address=self.where.address or "local", logging_level="ERROR", log_to_driver=False,
+                     include_dashboard=False if self.where.address is None else None)
 
     def _grid(self, units: list[Unit], extra=None) -> dict:
         from ray import tune
@@ -242,8 +252,6 @@ class Sweeper:
         return data_hash_of(self.sweep.data)
 
     def run(self) -> int:
-        import ray
-
         from .tracking import Tracker
 
         self.tracker = Tracker(self.where.tracking_uri, self.sweep.name, self.hash)
@@ -252,14 +260,16 @@ class Sweeper:
             raise HeadroomInputError(
                 f"sweep {self.sweep.name} has {len(unfinished)} unfinished unit(s) from an earlier run; "
                 "pass --resume to continue them")
+        if self.where.address:  # a cluster named by --address or RAY_ADDRESS: reachable before any run is opened
+            try:
+                self._ray()
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise HeadroomInputError(f"--address {self.where.address}: cannot connect to Ray "
+                                         f"({str(e).splitlines()[0]})") from None
         self.tracker.open_parent(self.sweep_file, self.sweep_text, self.sweep.model_dump(mode="json"))
         self.tracker.close_stale_searches()
         ok = False
         try:
-            if not ray.is_initialized():
-                # no address: a new local Ray, even when a `ray start` cluster runs on this machine
-                ray.init(address=self.where.address or "local", logging_level="ERROR", log_to_driver=False,
-                         include_dashboard=False if self.where.address is None else None)
             corpus_hash = self.corpus_hash()
             self.say(f"sweep {self.sweep.name} (spec {self.hash}), corpus {corpus_hash}; MLflow "
                      f"{self.where.tracking_uri}, experiment {self.sweep.name}")

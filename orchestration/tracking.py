@@ -26,7 +26,7 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
-from .plan import DONE, HISTORY, KEPT, RESUMED, Unit
+from .plan import DONE, HISTORY, KEPT, RESUMED, WORK, Unit
 
 PACKAGES = ("headroom", "torch", "transformers", "pytorch-lightning", "ray", "mlflow", "optuna", "datasets")
 FINISHED = RunStatus.to_string(RunStatus.FINISHED)
@@ -275,6 +275,8 @@ class TrackingCallback(Callback):
             values["cost/cpu_s"] = seconds * self.resources.get("cpu", 1)
             values["cost/gpu_s"] = seconds * self.resources.get("gpu", 0)
             values["cost/wall_s"] = seconds
+            if WORK in result:
+                values["cost/work_s"] = float(result[WORK])
             self.tracker.log_values(run_id, values, step=step)
             if result.get(KEPT):
                 self.tracker.set_tags(run_id, {"headroom.kept": ",".join(map(str, json.loads(result[KEPT])))})

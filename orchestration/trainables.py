@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ray import tune
 
-from .plan import DONE, HISTORY, KEPT, LIGHTNING_FILE, RESUMED, Unit, lr_candidate
+from .plan import DONE, HISTORY, KEPT, LIGHTNING_FILE, RESUMED, WORK, Unit, lr_candidate
 
 
 def _setup() -> None:
@@ -61,6 +61,8 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
 
     from .callbacks import ReportAtValidation, StepHistory
 
+    t0 = time.time()  # the unit's work, after this worker's one-time framework imports
+
     work = Path(tempfile.mkdtemp(prefix="headroom-trial-"))
     ckpt_path = None
     # Ray's retry of this trial, or else (`--resume`) the unit's newest checkpoint from an earlier driver
@@ -81,7 +83,7 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
     result = train_lm(unit.model_config(), unit.train_config(), unit.data_config(), ckpt_path=ckpt_path,
                       callbacks=[history, report], progress=False, final_eval=not is_search)
     m = result.metrics
-    final = {**_final_metrics(m), "step": m["steps"], HISTORY: history.take(), DONE: 1,
+    final = {**_final_metrics(m), "step": m["steps"], HISTORY: history.take(), DONE: 1, WORK: time.time() - t0,
              RESUMED: history.start_step if history.start_step is not None else m["steps"]}
     if is_search:  # the objective is the val loss at the last step
         if report.last_step != m["steps"]:
@@ -98,6 +100,7 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
     from lightning_modules.train import _finite as finite_json
 
     (out / "metrics.json").write_text(json.dumps(finite_json(m), indent=2) + "\n")
+    final[WORK] = time.time() - t0
     tune.report(final, checkpoint=tune.Checkpoint.from_directory(str(out)))
 
 
@@ -150,7 +153,7 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
     if m["prune_curve"]:
         prune_curve_plot(m["prune_curve"], ["val", *data.eval_sets], out / "prune_curve.png",
                          f"{unit.scale} {unit.family} seed {unit.seed}: mask-only prune curve ({plan.method})")
-    flat = {"step": plan.finetune_steps, HISTORY: "[]", DONE: 1, KEPT: json.dumps(m["heads_kept"]),
+    flat = {"step": plan.finetune_steps, HISTORY: "[]", DONE: 1, KEPT: json.dumps(m["heads_kept"]), WORK: m["seconds"],
             "params": m["params"]["pruned"], "params_dense": m["params"]["dense"],
             "flops_per_token": m["flops_per_token"]["pruned"]["total"],
             "flops_per_token_dense": m["flops_per_token"]["dense"]["total"]}

@@ -55,6 +55,13 @@ def cluster(tmp_path_factory, cache_dir):
     procs: list[subprocess.Popen] = []
     started_head = False
     try:
+        # the MLflow server starts while the Ray nodes do
+        backend = f"sqlite:///{work / 'mlflow-server.db'}"
+        log = open(work / "mlflow-server.log", "w")
+        procs.append(subprocess.Popen(
+            [BIN / "mlflow", "server", "--host", "127.0.0.1", "--port", str(mlflow_port), "--backend-store-uri",
+             backend, "--artifacts-destination", str(work / "artifacts"), "--workers", "1"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         r = subprocess.run([BIN / "ray", "start", "--head", "--port", str(gcs), "--dashboard-host", "127.0.0.1",
                             "--dashboard-port", str(dash), "--temp-dir", temp_dir, *common],
                            env=env, capture_output=True, text=True, timeout=180)
@@ -64,12 +71,6 @@ def cluster(tmp_path_factory, cache_dir):
         r = subprocess.run([BIN / "ray", "start", "--address", f"127.0.0.1:{gcs}", "--temp-dir", worker_temp, *common],
                            env=env, capture_output=True, text=True, timeout=180)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-        backend = f"sqlite:///{work / 'mlflow-server.db'}"
-        log = open(work / "mlflow-server.log", "w")
-        procs.append(subprocess.Popen(
-            [BIN / "mlflow", "server", "--host", "127.0.0.1", "--port", str(mlflow_port), "--backend-store-uri",
-             backend, "--artifacts-destination", str(work / "artifacts"), "--workers", "1"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         wait_http(f"http://127.0.0.1:{mlflow_port}/health")
         wait_http(f"http://127.0.0.1:{dash}/api/version", headers={"Authorization": f"Bearer {token}"})
         yield {"env": env, "dash": f"http://127.0.0.1:{dash}", "mlflow": f"http://127.0.0.1:{mlflow_port}",

@@ -1,13 +1,12 @@
 """Data sources, splits, tokenisers and the seeded, resumable sample order — on local files the tests write."""
 
 import hashlib
-import os
 
 import numpy as np
 import pytest
 import torch
 
-from lightning_modules.config import DataConfig, HeadroomInputError, train_config_for
+from lightning_modules.config import DataConfig, HeadroomInputError, TrainConfig, train_config_for
 from lightning_modules.corpus import (
     STDLIB_SHIFT_PACKAGES,
     check_source,
@@ -152,6 +151,24 @@ def test_bpe_trained_on_train_split_and_cached(tmp_path, cache_dir):
     mtime = cached[0].stat().st_mtime_ns
     make_tokenizer(cfg, corpus)
     assert cached[0].stat().st_mtime_ns == mtime  # reused, not retrained
+
+
+def test_subword_streams_are_cached_and_equal_fresh_encoding(tmp_path, cache_dir):
+    from lightning_modules.corpus import encode_docs
+    from lightning_modules.data import HeadroomData
+
+    _write_corpus(tmp_path / "c", 60)
+    cfg = DataConfig(source=f"path:{tmp_path}/c/*.txt", tokenizer="bpe", bpe_vocab_size=300)
+    first = HeadroomData(cfg, TrainConfig(steps=1, seq_len=16, batch_size=2), "decoder").prepare()
+    files = sorted((cache_dir / "streams").glob(f"{first.corpus_hash}-*/*.npy"))
+    assert {f.stem for f in files} == set(first.streams)
+    mtimes = [f.stat().st_mtime_ns for f in files]
+    second = HeadroomData(cfg, TrainConfig(steps=1, seq_len=16, batch_size=2), "decoder").prepare()
+    assert [f.stat().st_mtime_ns for f in files] == mtimes  # read, not rewritten
+    corpus = load_corpus(cfg)
+    for split, docs in corpus.splits.items():
+        if docs:  # the reference: encoding the split afresh
+            assert np.array_equal(second.streams[split], encode_docs(first.tokenizer, docs))
 
 
 def test_byte_tokenizer_round_trip_and_unigram_entropy():

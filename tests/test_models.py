@@ -1,6 +1,5 @@
 """Loading checkpoints: headroom's own, plain transformers directories, and the ones headroom must refuse."""
 
-import json
 
 import pytest
 import torch
