@@ -11,7 +11,7 @@ Trial seconds are the work of each trial after its worker's one-time framework i
 came first).
 
     python benchmarks/sweep_reuse.py            # smoke's units at the xs preset budget (300 dense steps)
-    python benchmarks/sweep_reuse.py --tiny     # one seed, one family, smoke's 40 steps (CI: checks the JSON)
+    python benchmarks/sweep_reuse.py --tiny     # one seed, family, method; smoke's 40 steps (CI: checks the JSON)
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main() -> int:
     scales = {k: v.model_copy(update={"steps": steps}) for k, v in sweep.scales.items()}
     update = {"name": "bench-sweep-reuse", "scales": scales, "controls": [], "lr": None}
     if args.tiny:
-        update.update(family=["decoder"], seeds=[0])
+        update.update(family=["decoder"], seeds=[0], prune=sweep.prune.model_copy(update={"methods": ["random"]}))
     sweep = sweep.model_copy(update=update)
 
     work = Path(tempfile.mkdtemp(prefix="headroom-bench-"))

@@ -303,6 +303,15 @@ def load_sweep(path: str | Path) -> tuple[Sweep, str]:
     return parse_sweep(text, source=str(path)), text
 
 
+def _check_ratios(s: Sweep, layer_heads: list[int], what: str) -> None:
+    for i, r in enumerate(s.prune.ratios):
+        for scope in s.prune.scope:
+            try:
+                check_ratio_fits(layer_heads, r, scope)
+            except HeadroomInputError as e:
+                raise HeadroomInputError(f"prune.ratios[{i}]: {e} of {what}") from None
+
+
 def check_sweep(s: Sweep) -> None:
     """What one field cannot say alone. Raises HeadroomInputError('field.path: message')."""
     if s.pretrained is not None:
@@ -313,12 +322,7 @@ def check_sweep(s: Sweep) -> None:
             info = checkpoint_info(s.pretrained.checkpoint)
         except HeadroomInputError as e:
             raise HeadroomInputError(f"pretrained.checkpoint: {e}") from None
-        for i, r in enumerate(s.prune.ratios):
-            for scope in s.prune.scope:
-                try:
-                    check_ratio_fits(info.layer_heads, r, scope)
-                except HeadroomInputError as e:
-                    raise HeadroomInputError(f"prune.ratios[{i}]: {e} of the checkpoint") from None
+        _check_ratios(s, info.layer_heads, "the checkpoint")
         if info.max_positions and s.pretrained.seq_len > info.max_positions:
             raise HeadroomInputError(f"pretrained.seq_len: {s.pretrained.seq_len} exceeds the checkpoint's "
                                      f"maximum {info.max_positions}")
@@ -332,12 +336,7 @@ def check_sweep(s: Sweep) -> None:
             check_compatible(model, train)
         except HeadroomInputError as e:
             raise HeadroomInputError(f"scales.{name}: {e}") from None
-        for i, r in enumerate(s.prune.ratios):
-            for scope in s.prune.scope:
-                try:
-                    check_ratio_fits(model.layer_heads, r, scope)
-                except HeadroomInputError as e:
-                    raise HeadroomInputError(f"prune.ratios[{i}]: {e} of scale {name}") from None
+        _check_ratios(s, model.layer_heads, f"scale {name}")
     if s.lr is not None and s.lr.search is not None:
         for name in s.scales or {}:
             if s.lr.search.steps > (s.scales[name].steps or SCALES[name].steps):

@@ -181,14 +181,16 @@ name: resume
 family: decoder
 data: {source: stdlib}
 scales:
-  xs: {steps: 150, overrides: {batch_size: 8, seq_len: 64, warmup_steps: 5, val_every: 10, val_batches: 2,
+  xs: {steps: 100, overrides: {batch_size: 8, seq_len: 64, warmup_steps: 5, val_every: 10, val_batches: 2,
        eval_batches: 2}}
 seeds: [0, 1]
-prune: {ratios: [0.5], methods: [random], finetune_steps: 5, calibration_batches: 2, curve: false}
+prune: {ratios: [0.5], methods: [random], scope: [per_layer, global], finetune_steps: 5, calibration_batches: 2,
+        curve: false}
 controls: [scratch_e]
 retries: 2
 """
 FAULT_STEP = 25
+UNITS = 10  # 2 dense, 2 scratch_e (per_layer), 4 pruned (2 scopes), 2 scratch_e of the global prunes
 
 
 def _descendants(pid):
@@ -227,7 +229,9 @@ def interrupted(tmp_path_factory, cache_dir):
                 continue
             done = [r for r in children if r.info.status == "FINISHED"]
             retried = [r for r in done if r.data.metrics.get("resumed_at_step", 0) > 0]
-            if retried and len(done) < 6:
+            # kill once Ray's retry has finished and another unit is mid-training with a checkpoint
+            mid = [r for r in children if r.info.status == "RUNNING" and "headroom.checkpoint" in r.data.tags]
+            if retried and mid:
                 procs = _descendants(proc.pid)
                 os.killpg(proc.pid, signal.SIGKILL)
                 for p in procs:
@@ -265,8 +269,8 @@ def test_fault_switch_trial_retried_by_ray_continues_its_run(interrupted):
     # killed at step 25, restored from the checkpoint of step 20 (val_every 10): steps 21..25 ran twice and
     # were logged once
     assert r.data.metrics["resumed_at_step"] == 20
-    assert steps_of(c, r) == list(range(1, 151))
-    assert len(c.get_metric_history(r.info.run_id, "train/loss")) == 150
+    assert steps_of(c, r) == list(range(1, 101))
+    assert len(c.get_metric_history(r.info.run_id, "train/loss")) == 100
 
 
 def test_killed_driver_resumes_without_rerunning_or_duplicating(interrupted):
@@ -281,10 +285,10 @@ def test_killed_driver_resumes_without_rerunning_or_duplicating(interrupted):
     parents, children = split(runs_of(c, "resume"))
     assert len(parents) == 1
     keys = [x.data.tags["headroom.key"] for x in children]
-    assert len(keys) == len(set(keys)) == 6  # 2 dense, 2 scratch_e, 2 pruned
+    assert len(keys) == len(set(keys)) == UNITS
     assert all(x.info.status == "FINISHED" for x in children)
     unfinished_at_kill = [k for k, v in before.items() if v[0] != "FINISHED"]
-    assert len([v for v in before.values() if v[0] == "FINISHED"]) < 6
+    assert len([v for v in before.values() if v[0] == "FINISHED"]) < UNITS
     for x in children:
         rid = x.info.run_id
         if rid in before and before[rid][0] == "FINISHED":  # finished before the kill: untouched
@@ -295,7 +299,27 @@ def test_killed_driver_resumes_without_rerunning_or_duplicating(interrupted):
             hist = c.get_metric_history(rid, "train/loss")
             assert sorted(m.step for m in hist) == list(range(1, T + 1)), x.info.run_name
     # a unit caught mid-training continued its own run (same run id as at the kill)
-    assert all(rid in {x.info.run_id for x in children} for rid in unfinished_at_kill)
+    assert unfinished_at_kill and all(rid in {x.info.run_id for x in children} for rid in unfinished_at_kill)
+    continued = [x for x in children if x.info.run_id in unfinished_at_kill and x.data.tags["headroom.stage"] == "train"]
+    assert any(x.data.metrics.get("resumed_at_step", 0) > 0 for x in continued)  # from its checkpoint, not step 0
+
+
+def test_global_scope_controls_copy_the_pruned_head_counts(interrupted):
+    c = client(interrupted["cwd"])
+    _, children = split(runs_of(c, "resume"))
+    pruned = {x.data.tags["headroom.seed"]: x for x in children
+              if x.data.tags["headroom.arm"] == "pruned" and x.data.tags["headroom.scope"] == "global"}
+    controls = [x for x in children if x.data.tags["headroom.scope"] == "global" and x.data.tags["headroom.arm"]
+                == "scratch_e"]
+    assert len(pruned) == 2 and len(controls) == 2
+    for x in controls:
+        p = pruned[x.data.tags["headroom.seed"]]
+        kept = p.data.tags["headroom.kept"]
+        assert sum(map(int, kept.split(","))) == 8  # half of 2 × 8 heads, wherever they scored lowest
+        want = kept.split(",")[0] if len(set(kept.split(","))) == 1 else kept
+        assert x.data.tags["headroom.heads"] == want
+        assert (x.data.tags["headroom.method"], x.data.tags["headroom.ratio"]) == ("random", "0.5")
+        assert x.data.params["steps"] == "100" and x.info.status == "FINISHED"
 
 
 # -------------------------------------------------------------------------------------------- pretrained
@@ -316,6 +340,7 @@ def test_pretrained_sweep_prunes_a_saved_checkpoint(tmp_path, cache_dir):
                  ("seq_len: 512", "seq_len: 64"), ("eval_batches: 32", "eval_batches: 2"),
                  ("calibration_batches: 32", "calibration_batches: 2"),
                  ("[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]", "[0.5]"), ("seeds: [0, 1, 2]", "seeds: [0]"),
+                 ("methods: [gradient, ablation, random]", "methods: [gradient, random]"),
                  ("{cpu: 4, gpu: 1}", "{cpu: 1, gpu: 0}")):
         assert a in text, a
         text = text.replace(a, b)
@@ -324,14 +349,16 @@ def test_pretrained_sweep_prunes_a_saved_checkpoint(tmp_path, cache_dir):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     c = client(tmp_path)
     parents, children = split(runs_of(c, "pretrained-gpt2"))
-    assert len(parents) == 1 and len(children) == 3 * 2 * 2  # methods × scopes × schedules
+    assert len(parents) == 1 and len(children) == 2 * 2 * 2  # methods × scopes × schedules
     for x in children:
         t, m = x.data.tags, x.data.metrics
         assert (t["headroom.stage"], t["headroom.arm"], t["headroom.scale"]) == ("prune", "pruned", "pretrained")
         assert t["headroom.heads"] == "12" and x.info.status == "FINISHED"
         assert x.data.params["data"].startswith("path:")
         # no recovery fine-tune: the physically pruned model scores what the gated model scored
-        for s in ("val", "id", "shift"):
+        sets = {k.split("/")[1] for k in m if k.startswith("final/") and k.endswith("/loss")}
+        assert sets == {"val", "id"}  # a path: source has no shifted set unless one is named
+        for s in sets:
             assert m[f"final/{s}/loss"] == pytest.approx(m[f"pre_ft/{s}/loss"], abs=1e-4)
         kept = [int(k) for k in t["headroom.kept"].split(",")]
         assert sum(kept) == 12  # half of 2 × 12 heads
