@@ -268,7 +268,7 @@ class Sweeper:
                                          f"({str(e).splitlines()[0]})") from None
         self.tracker.open_parent(self.sweep_file, self.sweep_text, self.sweep.model_dump(mode="json"))
         self.tracker.close_stale_searches()
-        ok = False
+        ok, status = False, "FAILED"
         try:
             corpus_hash = self.corpus_hash()
             self.say(f"sweep {self.sweep.name} (spec {self.hash}), corpus {corpus_hash}; MLflow "
@@ -278,9 +278,13 @@ class Sweeper:
             else:
                 self._run_scales(corpus_hash)
             ok = not self.missing and not self.tracker.unfinished_units()
+            status = "FINISHED" if ok else "FAILED"
             self.summary()
+        except KeyboardInterrupt:
+            status = "KILLED"  # `--resume` continues it
+            raise
         finally:
-            self.tracker.close_parent(ok)
+            self.tracker.close_parent(status)
         if not ok:
             print(f"[headroom] sweep {self.sweep.name} incomplete: "
                   + "; ".join(self.missing or ["some units failed"]) + ". Rerun with --resume.", file=sys.stderr)
@@ -376,6 +380,9 @@ def run_sweep(sweep: Sweep, sweep_file: str, sweep_text: str, *, resume: bool = 
     # MLflow is the record: of Tune's default loggers keep the JSON one (the TensorBoard one would import torch
     # into the driver, which needs none)
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+    # Ctrl-C stops the driver (and with it a local Ray); Tune's own handler would end only the current stage and
+    # let the next one start. `--resume` continues from the checkpoints MLflow points to.
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # one "View run" line per trial
     import optuna
 

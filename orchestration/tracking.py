@@ -134,8 +134,9 @@ class Tracker:
             f"tags.`mlflow.parentRunId` = '{self.parent_id}'") if "headroom.key" in r.data.tags}
         return self.parent_id
 
-    def close_parent(self, ok: bool) -> None:
-        self.client.set_terminated(self.parent_id, FINISHED if ok else RunStatus.to_string(RunStatus.FAILED))
+    def close_parent(self, status: str) -> None:
+        """FINISHED, FAILED (some unit did not finish) or KILLED (interrupted)."""
+        self.client.set_terminated(self.parent_id, status)
 
     def parent_tag(self, name: str) -> str | None:
         return self.client.get_run(self.parent_id).data.tags.get(name)

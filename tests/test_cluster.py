@@ -83,7 +83,8 @@ def cluster(tmp_path_factory, cache_dir):
             except Exception:
                 os.killpg(p.pid, 9)
         if started_head:
-            subprocess.run([BIN / "ray", "stop", "--force"], env=env, capture_output=True, timeout=120)
+            subprocess.run([BIN / "ray", "stop", "--force", "--grace-period", "2"], env=env, capture_output=True,
+                           timeout=120)
         shutil.rmtree(temp_dir, ignore_errors=True)
         shutil.rmtree(worker_temp, ignore_errors=True)
 

@@ -160,15 +160,19 @@ def test_prune_cli_on_a_headroom_run(xs_decoder_run, tmp_path):
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
 def test_score_and_prune_pretrained_checkpoints(tiny_checkpoints, tmp_path, name):
     ck = tiny_checkpoints / name
+    import sysconfig
+
+    # one stdlib package is enough text, and a subword tokenizer encodes it in a second (not all of stdlib)
+    data = ["--data", f"path:{sysconfig.get_paths()['stdlib']}/asyncio/*.py"]
     r = headroom("score", ck, "--method", "ablation", "--out", tmp_path / "s.json", "--calibration-batches", "1",
-                 "--batch-size", "4", "--seq-len", "32")
+                 "--batch-size", "4", "--seq-len", "32", *data)
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((tmp_path / "s.json").read_text())
     # scored with the checkpoint's own tokenizer where it has one (GPT-2 here), else headroom's bytes
     assert s["tokenizer"] == (f"pretrained:{ck}" if name == "gpt2" else "byte")
     assert len(s["scores"]) == 2 and len(s["scores"][0]) == 4 and (tmp_path / "s.png").exists()
     r = headroom("prune", ck, "--method", "magnitude", "--ratio", "0.5", "--scope", "global", "--out",
-                 tmp_path / "p", *FAST)
+                 tmp_path / "p", *FAST, *data)
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((tmp_path / "p" / "metrics.json").read_text())
     assert sum(m["heads_kept"]) == 4 and min(m["heads_kept"]) >= 1
