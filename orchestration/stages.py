@@ -282,6 +282,7 @@ class Sweeper:
             self.summary()
         except KeyboardInterrupt:
             status = "KILLED"  # `--resume` continues it
+            self.tracker.kill_running_children()
             raise
         finally:
             self.tracker.close_parent(status)

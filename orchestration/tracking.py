@@ -105,6 +105,13 @@ class Tracker:
         return [r for r in self._search(f"tags.`mlflow.parentRunId` = '{parent}'")
                 if r.info.status != FINISHED and r.data.tags.get("headroom.stage") != "lr_search"]
 
+    def kill_running_children(self) -> None:
+        """An interrupted driver's open units: KILLED, not left RUNNING in the UI (`--resume` reopens them)."""
+        for key, run in list(self.children.items()):
+            current = self.client.get_run(run.info.run_id)
+            if current.info.status == RUNNING:
+                self.finish(key, run.info.run_id, RunStatus.to_string(RunStatus.KILLED))
+
     def close_stale_searches(self) -> None:
         """lr_search candidates an interrupted driver left RUNNING are over: their rates are never sampled again."""
         for key, run in list(self.children.items()):
