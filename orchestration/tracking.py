@@ -145,12 +145,6 @@ class Tracker:
         """FINISHED, FAILED (some unit did not finish) or KILLED (interrupted)."""
         self.client.set_terminated(self.parent_id, status)
 
-    def parent_tag(self, name: str) -> str | None:
-        return self.client.get_run(self.parent_id).data.tags.get(name)
-
-    def set_parent_tag(self, name: str, value: str) -> None:
-        self.client.set_tag(self.parent_id, name, value)
-
     def log_parent_params(self, params: dict) -> None:
         self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in params.items()])
 
@@ -222,10 +216,6 @@ class Tracker:
     def tag(self, key: str, name: str) -> str | None:
         run = self.children.get(key)
         return run.data.tags.get(name) if run is not None else None
-
-    def metric(self, key: str, name: str) -> float | None:
-        run = self.children.get(key)
-        return run.data.metrics.get(name) if run is not None else None
 
     def refresh(self, key: str) -> None:
         run = self.children.get(key)
