@@ -303,6 +303,23 @@ def heads_kept(n_heads: int, ratio: float) -> int:
     return kept
 
 
+def within_tolerance(loss: float, dense_loss: float, tolerance: float) -> bool:
+    """Half (1) of the claim: a pruned loss counts as "little loss" when it is at most dense × (1 + tolerance)
+    (the sweep's `prune.tolerance`, relative, declared before running)."""
+    return loss <= dense_loss * (1 + tolerance)
+
+
+def prunable_fraction(ratios, losses, dense_loss: float, tolerance: float) -> float:
+    """The largest ratio of a prune curve up to which every point stays within tolerance of dense (Michel et al.:
+    how much can go with no noticeable loss). Points are sorted by ratio; 0.0 when even the first one fails."""
+    best = 0.0
+    for r, loss in sorted(zip(ratios, losses)):
+        if not within_tolerance(loss, dense_loss, tolerance):
+            break
+        best = r
+    return best
+
+
 def wide_head_dim(d_model: int, n_heads_kept: int) -> int:
     """The `wide` control: the usual 'fewer heads' configuration, head_dim = d_model // heads_kept."""
     return d_model // n_heads_kept
