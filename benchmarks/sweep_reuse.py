@@ -69,7 +69,8 @@ def main() -> int:
     sweep, _ = load_sweep(ROOT / "sweeps" / "smoke.yaml")
     steps = args.steps or (40 if args.tiny else 300)
     scales = {k: v.model_copy(update={"steps": steps}) for k, v in sweep.scales.items()}
-    update = {"name": "bench-sweep-reuse", "scales": scales, "controls": [], "lr": None}
+    # no controls, lr search or probes: the ratio compares the prune stage with plain dense training
+    update = {"name": "bench-sweep-reuse", "scales": scales, "controls": [], "lr": None, "probes": None}
     if args.tiny:
         update.update(family=["decoder"], seeds=[0], prune=sweep.prune.model_copy(update={"methods": ["random"]}))
     sweep = sweep.model_copy(update=update)

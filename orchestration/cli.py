@@ -135,6 +135,18 @@ def _add_sweep(sub) -> None:
     p.set_defaults(func=cmd_sweep)
 
 
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="the verdict report of a sweep, from its MLflow runs",
+                       description="Read the newest parent run of a sweep (and its finished children) from MLflow "
+                                   "and write verdict.json, report.md, report.html and the plots to "
+                                   "reports/<sweep>/; log them to the parent run. `headroom sweep` runs this at "
+                                   "its end.")
+    p.add_argument("--sweep", required=True, help="the sweep's name (its MLflow experiment)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlflow.db)")
+    p.add_argument("--out", help="output directory (default reports/<sweep>/)")
+    p.set_defaults(func=cmd_report)
+
+
 BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
     "train_overhead": ["--steps", "6", "--warmup", "2", "--batch-size", "4", "--seq-len", "32"],
     "ablation_batched": ["--scale", "xs", "--batches", "1", "--batch-size", "2", "--seq-len", "32",
@@ -169,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_score(sub)
     _add_prune(sub)
     _add_sweep(sub)
+    _add_report(sub)
     _add_bench(sub)
     return parser
 
@@ -393,6 +406,24 @@ def cmd_sweep(args) -> int:
 
     return run_sweep(sweep, args.file, text, resume=args.resume, address=args.address, tracking_uri=args.tracking_uri,
                      storage=args.storage, progress=not args.quiet)
+
+
+def cmd_report(args) -> int:
+    from .spec import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(args.tracking_uri)
+    _check_tracking_uri(uri)
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise HeadroomInputError(f"--out {args.out}: not a directory")
+    from .report import headline_table, write_report
+
+    out, rep = write_report(uri, args.sweep, Path(args.out) if args.out else None)
+    print(headline_table(rep))
+    print(f"report: {out / 'report.html'} (also report.md, verdict.json; logged to MLflow run {rep.data.parent_id})")
+    if rep.data.missing:
+        print(f"headroom: partial report, {len(rep.data.missing)} planned unit(s) missing: "
+              + ", ".join(rep.data.missing[:10]) + (" ..." if len(rep.data.missing) > 10 else ""), file=sys.stderr)
+    return 0
 
 
 def cmd_bench(args) -> int:

@@ -59,10 +59,11 @@ class Unit:
     dense_key: str | None = None  # the dense unit a prune unit or a global-scope control derives from
     calibration_batches: int = 8
     curve: bool = True
+    probes: dict | None = None  # ProbeSpec + tolerance (dense train units of a sweep with `probes`)
     key: str = ""
 
     def with_key(self) -> "Unit":
-        body = {k: v for k, v in asdict(self).items() if k != "key"}
+        body = {k: v for k, v in asdict(self).items() if k != "key" and not (k == "probes" and v is None)}
         digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
         return replace(self, key=digest)
 
@@ -158,9 +159,12 @@ def lr_candidate(base: Unit, lr: float) -> Unit:
 
 def _trained(sweep, arm, scale, family, seed, model: ModelConfig, train: TrainConfig, corpus_hash, ratio=None,
              method=NONE, scope=NONE, schedule=NONE, dense_key=None) -> Unit:
+    probes = None
+    if arm == "dense" and sweep.probes is not None:
+        probes = {**sweep.probes.model_dump(mode="json"), "tolerance": sweep.prune.tolerance}
     return Unit("train", arm, scale, family, seed, model.model_dump(mode="json"), train.model_dump(mode="json"),
                 sweep.data.model_dump(mode="json"), corpus_hash, _heads(list(model.layer_heads)), method=method,
-                ratio=ratio, scope=scope, schedule=schedule, dense_key=dense_key).with_key()
+                ratio=ratio, scope=scope, schedule=schedule, dense_key=dense_key, probes=probes).with_key()
 
 
 def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None) -> list[Unit]:
@@ -251,3 +255,22 @@ def pretrained_units(sweep: Sweep, family: str, checkpoint_id: str, heads: list[
     for seed in seeds:
         units += prune_units(sweep, [replace(dense, seed=seed)])
     return units
+
+
+def expected_names(sweep: Sweep) -> list[str]:
+    """Run names of every unit the sweep plans (lr_search candidates aside), known from the spec alone: names do
+    not depend on the corpus hash, the learning rate or (for global-scope controls) the kept head counts. The
+    report lists the ones that did not finish."""
+    if sweep.pretrained is not None:
+        units = pretrained_units(sweep, sweep.families[0], "-", [1], "-")
+        return [u.name for u in units]
+    trained = train_units(sweep, "-")
+    pruned = prune_units(sweep, [u for u in trained if u.arm == "dense"])
+    by_key = {u.key: u for u in trained}
+    controls = []
+    if sweep.controls:
+        for p in pruned:
+            if p.scope == "global":
+                dense = by_key[p.dense_key]
+                controls += global_control_units(sweep, p, dense, list(dense.model_config().layer_heads))
+    return [u.name for u in trained + pruned + controls]

@@ -49,3 +49,176 @@ def prune_curve_plot(rows: list[dict], sets: list[str], path: str | Path, title:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+_CONTROL_LABEL = {"scratch_e": "Scratch-E", "scratch_b": "Scratch-B", "wide": "wide"}
+
+
+def forest_plot(rows: list[dict], path: str | Path) -> None:
+    """Comparisons (control − pruned) as points with 95% CI bars, one row per comparison; 0 marked."""
+    plt = _plt()
+    rows = sorted(rows, key=lambda c: (c["scale"], c["family"], c["ratio"], c["control"], c["finetune_steps"]))
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.32 * len(rows)), dpi=120)
+    colors = {"supported": "tab:green", "refuted": "tab:red", "inconclusive": "tab:gray",
+              "insufficient_seeds": "tab:orange"}
+    labels = []
+    for i, c in enumerate(rows):
+        y = len(rows) - 1 - i
+        ci = c["ci95"]
+        if ci:
+            ax.plot(ci, [y, y], color=colors[c["verdict"]], lw=2)
+        ax.plot([c["diff_mean"]], [y], "o", color=colors[c["verdict"]],
+                mfc="white" if c["finetune_steps"] == 0 else colors[c["verdict"]])
+        ft = "pre-FT" if c["finetune_steps"] == 0 else f"FT {c['finetune_steps']}"
+        labels.append(f"{c['scale']} {c['family']} r{c['ratio']:g} vs {_CONTROL_LABEL[c['control']]} ({ft})")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(list(reversed(labels)), fontsize=7)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlabel("control loss − pruned loss (nats/token); > 0: pruning wins")
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=v, marker="o", lw=2, label=k) for k, v in colors.items()
+               if any(c["verdict"] == k for c in rows)]
+    handles.append(Line2D([], [], color="gray", marker="o", mfc="white", lw=0, label="before fine-tune"))
+    ax.legend(handles=handles, fontsize=7, loc="best")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title("pruned vs controls, paired by seed (mean, 95% t-interval)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def curves_plot(rows: list[dict], tolerance: float, path: str | Path, title: str) -> None:
+    """Mean loss vs ratio per method with a 95% band (mask only), the swept ratios after fine-tune as crosses,
+    and the tolerance above dense."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    methods = sorted({r["method"] for r in rows})
+    cmap = plt.get_cmap("tab10")
+    dense = None
+    for i, m in enumerate(methods):
+        pts = sorted((r for r in rows if r["method"] == m and r["finetune_steps"] == 0), key=lambda r: r["ratio"])
+        if pts:
+            x = [r["ratio"] for r in pts]
+            ax.plot(x, [r["loss_mean"] for r in pts], marker="o", ms=3, color=cmap(i), label=f"{m} (mask only)")
+            if all(r["loss_ci95"] for r in pts):
+                ax.fill_between(x, [r["loss_ci95"][0] for r in pts], [r["loss_ci95"][1] for r in pts],
+                                color=cmap(i), alpha=0.18)
+            if pts[0]["ratio"] == 0:
+                dense = pts[0]["loss_mean"]
+        ft = [r for r in rows if r["method"] == m and r["finetune_steps"] > 0]
+        for j, r in enumerate(ft):
+            err = None
+            if r["loss_ci95"]:
+                err = [[r["loss_mean"] - r["loss_ci95"][0]], [r["loss_ci95"][1] - r["loss_mean"]]]
+            ax.errorbar([r["ratio"]], [r["loss_mean"]], yerr=err, marker="x", ms=8, color=cmap(i), capsize=3,
+                        lw=0, elinewidth=1, label=f"{m} after {r['finetune_steps']} fine-tune steps" if j == 0 else None)
+    if dense is not None:
+        ax.axhline(dense, color="black", lw=0.8, ls="--", label="dense")
+        ax.axhline(dense * (1 + tolerance), color="gray", lw=0.8, ls=":", label=f"dense + {tolerance:.0%}")
+    ax.set_xlabel("fraction of heads removed")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def scales_plot(fits: list[dict], path: str | Path) -> None:
+    """The primary gap per scale against dense parameters (log axis), error bars = 95% CI, least-squares line."""
+    plt = _plt()
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for i, f in enumerate(fits):
+        x = np.array(f["params"], dtype=float)
+        y = np.array(f["diff_mean"], dtype=float)
+        lo = [y[j] - c[0] if c else 0 for j, c in enumerate(f["ci95"])]
+        hi = [c[1] - y[j] if c else 0 for j, c in enumerate(f["ci95"])]
+        label = f"{f['family']} r{f['ratio']:g} vs {_CONTROL_LABEL[f['control']]}"
+        line = ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, lw=0, elinewidth=1, label=label)
+        if f["slope"] is not None:
+            xs = np.log10(x)
+            b = y.mean() - f["slope"] * xs.mean()
+            ax.plot(x, b + f["slope"] * xs, color=line[0].get_color(), lw=1)
+        for xi, yi, s in zip(x, y, f["scales"]):
+            ax.annotate(s, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xscale("log")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xlabel("dense parameters")
+    ax.set_ylabel("control − pruned loss (nats/token)")
+    ax.set_title("does pruning's advantage grow with scale? (primary comparison, id)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _band(ax, series: dict, color, label: str) -> None:
+    import statistics
+
+    from scipy import stats
+
+    steps = sorted(series)
+    mean = [statistics.fmean(series[s]) for s in steps]
+    ax.plot(steps, mean, marker="o", ms=3, color=color, label=label)
+    if all(len(series[s]) >= 2 for s in steps):
+        half = [float(stats.t.ppf(0.975, len(series[s]) - 1)) * statistics.stdev(series[s]) / len(series[s]) ** 0.5
+                for s in steps]
+        ax.fill_between(steps, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
+                        color=color, alpha=0.18)
+
+
+def probes_plot(probes: dict, path: str | Path) -> None:
+    """Importance over training: prunable fraction and importance spread vs step, one line per scale."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=120)
+    cmap = plt.get_cmap("tab10")
+    for i, ((scale, family), series) in enumerate(probes.items()):  # in the caller's (scale) order
+        for ax, metric in zip(axes, ("probe/prunable_fraction", "probe/importance_spread")):
+            if series.get(metric):
+                _band(ax, series[metric], cmap(i), f"{scale} {family}")
+    axes[0].set_ylabel("prunable fraction (mask only, val)")
+    axes[1].set_ylabel("importance spread (std / mean over heads)")
+    for ax in axes:
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("importance over training (mean over seeds, 95% band)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def redundancy_plot(pairs: dict, path: str | Path) -> None:
+    """Mean pairwise CKA of head outputs at init and after training, per scale, with 95% CI bars."""
+    plt = _plt()
+    import statistics
+
+    from scipy import stats
+
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.5 + 1.2 * len(pairs)), 3.6), dpi=120)
+    names = [f"{s} {f}" for s, f in pairs]
+    for k, (label, offset) in enumerate((("at initialisation", -0.18), ("after training", 0.18))):
+        means, errs = [], []
+        for init, final in pairs.values():
+            v = init if k == 0 else final
+            means.append(statistics.fmean(v))
+            errs.append(float(stats.t.ppf(0.975, len(v) - 1)) * statistics.stdev(v) / len(v) ** 0.5
+                        if len(v) >= 2 else 0)
+        ax.bar([i + offset for i in range(len(pairs))], means, width=0.36, yerr=errs, capsize=3, label=label)
+    ax.set_xticks(range(len(pairs)))
+    ax.set_xticklabels(names)
+    ax.set_ylabel("mean pairwise CKA of head outputs")
+    ax.set_ylim(0, 1)
+    ax.set_title("head redundancy (1 = heads linearly equivalent)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

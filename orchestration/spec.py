@@ -22,6 +22,7 @@ A sweep file, with the defaults of the fields it may leave out:
       tolerance: 0.05               # "prunable": pruned loss before fine-tune <= dense loss x (1 + tolerance)
     controls: [scratch_e, scratch_b, wide]
     lr: 3.0e-3                      # or {search: {trials: 4, low: 1.0e-3, high: 1.0e-2, steps: 40}}; absent: preset
+    probes: {every: 50, method: gradient, batches: 2, redundancy: true}   # absent: no probes
     resources: {cpu: 1, gpu: 0}     # per trial
     retries: 2                      # Ray retries of a failed trial (it continues from its checkpoint)
     storage: ./ray_results          # or s3://bucket/prefix; CLI --storage overrides
@@ -161,6 +162,15 @@ class LrSpec(_Strict):
         return self
 
 
+class ProbeSpec(_Strict):
+    """Mechanism probes of the dense runs (lightning_modules/probes.py), read by the verdict report."""
+
+    every: int = Field(gt=0)  # probe at step 0, every `every` steps and at the last step
+    method: Annotated[str, AfterValidator(_method)] = "gradient"  # importance over training
+    batches: int = Field(default=2, gt=0)  # calibration batches to score, val batches for the curve and CKA
+    redundancy: bool = True  # pairwise CKA of head outputs
+
+
 class Resources(_Strict):
     cpu: float = Field(default=1, gt=0)
     gpu: float = Field(default=0, ge=0)
@@ -183,6 +193,7 @@ class Sweep(_Strict):
     prune: PruneSpec
     controls: Annotated[list[Literal["scratch_e", "scratch_b", "wide"]], AfterValidator(_unique)] = []
     lr: LrSpec | None = None
+    probes: ProbeSpec | None = None
     resources: Resources = Resources()
     retries: int = Field(default=2, ge=0)
     storage: str | None = None
@@ -215,6 +226,17 @@ class Sweep(_Strict):
     def dense_heads(self, scale: str) -> int:
         s = (self.scales or {})[scale]
         return s.heads or SCALES[scale].n_heads
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """The MLflow tracking URI; default `sqlite:///mlflow.db` in the working directory, made absolute (here, in
+    the driver: trials run in their own working directories)."""
+    uri = uri or "sqlite:///mlflow.db"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    if "://" not in uri:  # a plain directory: MLflow's file store
+        return Path(uri).resolve().as_uri()
+    return uri
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -315,7 +337,8 @@ def _check_ratios(s: Sweep, layer_heads: list[int], what: str) -> None:
 def check_sweep(s: Sweep) -> None:
     """What one field cannot say alone. Raises HeadroomInputError('field.path: message')."""
     if s.pretrained is not None:
-        for field, bad in (("scales", s.scales), ("controls", s.controls), ("lr", s.lr), ("family", s.family)):
+        for field, bad in (("scales", s.scales), ("controls", s.controls), ("lr", s.lr), ("family", s.family),
+                           ("probes", s.probes)):
             if bad:
                 raise HeadroomInputError(f"{field}: a pretrained sweep runs the prune stage only; remove {field}")
         try:

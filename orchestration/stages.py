@@ -45,7 +45,7 @@ class Where:
 
 def resolve_where(sweep: Sweep, tracking_uri: str | None, storage: str | None, address: str | None) -> Where:
     """Every path is resolved here, in the driver: trials run in their own working directories, on any node."""
-    from .tracking import resolve_tracking_uri
+    from .spec import resolve_tracking_uri
 
     st = storage or sweep.storage or "ray_results"
     if "://" not in st:
@@ -280,6 +280,7 @@ class Sweeper:
             ok = not self.missing and not self.tracker.unfinished_units()
             status = "FINISHED" if ok else "FAILED"
             self.summary()
+            reported = self.report()
         except KeyboardInterrupt:
             status = "KILLED"  # `--resume` continues it
             self.tracker.kill_running_children()
@@ -290,7 +291,7 @@ class Sweeper:
             print(f"[headroom] sweep {self.sweep.name} incomplete: "
                   + "; ".join(self.missing or ["some units failed"]) + ". Rerun with --resume.", file=sys.stderr)
             return 1
-        return 0
+        return 0 if reported else 1
 
     def _dense_uri(self, u: Unit) -> str | None:
         self.tracker.refresh(u.dense_key)
@@ -322,6 +323,29 @@ class Sweeper:
         ident = _checkpoint_id(model_dir)
         units = pretrained_units(self.sweep, self.sweep.families[0], ident, info.layer_heads, corpus_hash)
         self.prune(units, lambda u: model_dir)
+
+    # ------------------------------------------------------------------------------------------- report
+    def report(self) -> bool:
+        """The verdict report (orchestration/report.py) of this sweep, into reports/<name>/ and the parent run.
+        False when it could not be written (the sweep's runs stay; `headroom report` can try again)."""
+        import traceback
+
+        from .report import headline_table, write_report
+
+        try:
+            out, rep = write_report(self.where.tracking_uri, self.sweep.name, self.where.reports)
+        except HeadroomInputError as e:
+            self.say(f"no report: {e}")
+            return True
+        except Exception:  # noqa: BLE001 - every unit is recorded already; say so and how to retry
+            traceback.print_exc()
+            print(f"[headroom] the report failed; retry with `headroom report --sweep {self.sweep.name} "
+                  f"--tracking-uri {self.where.tracking_uri}`", file=sys.stderr)
+            return False
+        if self.progress:
+            print("\n" + headline_table(rep))
+        self.say(f"report: {out / 'report.html'} (and report.md, verdict.json)")
+        return True
 
     # ------------------------------------------------------------------------------------------- summary
     def summary(self) -> None:

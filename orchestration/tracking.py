@@ -27,22 +27,13 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from .plan import DONE, HISTORY, KEPT, RESUMED, WORK, Unit
+from .spec import resolve_tracking_uri  # noqa: F401 - where the driver resolves it
 
 PACKAGES = ("headroom", "torch", "transformers", "pytorch-lightning", "ray", "mlflow", "optuna", "datasets")
 FINISHED = RunStatus.to_string(RunStatus.FINISHED)
 RUNNING = RunStatus.to_string(RunStatus.RUNNING)
 STEPPED = ("train/loss", "train/lr", "val/loss", "val/ppl")
 SKIP_RESULT_KEYS = {"step", HISTORY, DONE, KEPT}
-
-
-def resolve_tracking_uri(uri: str | None) -> str:
-    """Default `sqlite:///mlflow.db` in the working directory, made absolute here, in the driver."""
-    uri = uri or "sqlite:///mlflow.db"
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
-    if "://" not in uri:  # a plain directory: MLflow's file store
-        return Path(uri).resolve().as_uri()
-    return uri
 
 
 def _local_artifact_root(uri: str) -> str | None:
@@ -86,7 +77,8 @@ class Tracker:
         self.sweep_name, self.spec_hash = sweep_name, spec_hash
         self.parent_id: str | None = None
         self.children: dict[str, object] = {}  # key -> Run
-        self._last_step: dict[tuple[str, str], int] = {}
+        self._last_step: dict[tuple[str, str], int] = {}  # (run, metric) -> newest step logged; -1: none
+        self._fresh: set[str] = set()  # runs created by this driver: nothing logged before it
 
     # ---- parent
     def find_parent(self):
@@ -173,7 +165,7 @@ class Tracker:
                                      tags={**unit.tags(), "mlflow.parentRunId": self.parent_id})
         self.client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in unit.params().items()])
         self.children[unit.key] = run
-        self._last_step.update({(run.info.run_id, m): 0 for m in STEPPED})
+        self._fresh.add(run.info.run_id)
         return run.info.run_id
 
     def is_finished(self, key: str) -> bool:
@@ -183,8 +175,8 @@ class Tracker:
     def last_step(self, run_id: str, metric: str) -> int:
         k = (run_id, metric)
         if k not in self._last_step:
-            hist = self.client.get_metric_history(run_id, metric)
-            self._last_step[k] = max((m.step for m in hist), default=0)
+            hist = [] if run_id in self._fresh else self.client.get_metric_history(run_id, metric)
+            self._last_step[k] = max((m.step for m in hist), default=-1)
         return self._last_step[k]
 
     def log_stepped(self, run_id: str, rows: list[tuple[str, int, float]]) -> int:

@@ -25,6 +25,9 @@ from ray import tune
 from .plan import DONE, HISTORY, KEPT, LIGHTNING_FILE, RESUMED, WORK, Unit, lr_candidate
 
 
+LATENCY_REPEATS = 5
+
+
 def _setup() -> None:
     from lightning_modules.train import set_threads
 
@@ -80,8 +83,16 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
     is_search = unit.stage == "lr_search"
     history = StepHistory(fault if unit.stage == "train" and unit.arm == "dense" else None)
     report = ReportAtValidation(history, save_checkpoints=not is_search)
+    callbacks = [history, report]
+    if unit.probes:  # probe rows ride in the step history: logged once per step, like train/loss
+        from lightning_modules.probes import ProbeCallback
+
+        p = unit.probes
+        callbacks.insert(0, ProbeCallback(lambda rows: history.rows.extend(rows), every=p["every"], method=p["method"],
+                                          batches=p["batches"], tolerance=p["tolerance"],
+                                          redundancy=p["redundancy"], seed=unit.seed))
     result = train_lm(unit.model_config(), unit.train_config(), unit.data_config(), ckpt_path=ckpt_path,
-                      callbacks=[history, report], progress=False, final_eval=not is_search)
+                      callbacks=callbacks, progress=False, final_eval=not is_search)
     m = result.metrics
     final = {**_final_metrics(m), "step": m["steps"], HISTORY: history.take(), DONE: 1, WORK: time.time() - t0,
              RESUMED: history.start_step if history.start_step is not None else m["steps"]}
@@ -140,8 +151,10 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
     if data.vocab_size > model.config.vocab_size:
         raise HeadroomInputError(f"tokenizer has {data.vocab_size} tokens, the model {model.config.vocab_size}")
     plan = PrunePlan(**unit.plan)
+    # latency is a side measurement here (benchmarks/prune_speed.py measures it properly): a few passes suffice
     pruned, _, m = run_prune(model, data, plan, eval_batches=unit.train_config().eval_batches,
-                             calibration_batches=unit.calibration_batches, curve=unit.curve)
+                             calibration_batches=unit.calibration_batches, curve=unit.curve,
+                             latency_repeats=LATENCY_REPEATS)
     m.update(unit=unit.to_dict(), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets, seconds=time.time() - t0)
     out = work / "final"
     save_model(pruned, out / "model", data.tokenizer)

@@ -66,6 +66,9 @@ BAD = [
     ("no-scales", GOOD.replace("scales:\n  xs: {steps: 20, overrides: {batch_size: 4, seq_len: 32}}\n", ""),
      "scales: required"),
     ("empty-file", "", "expected a mapping"),
+    ("probes-every-zero", GOOD + "probes: {every: 0}\n", "probes.every"),
+    ("probes-unknown-method", GOOD + "probes: {every: 10, method: psychic}\n", "probes.method: unknown method"),
+    ("probes-unknown-key", GOOD + "probes: {every: 10, cka: true}\n", "probes.cka: unknown key"),
 ]
 
 _PROBE = """

@@ -159,6 +159,54 @@ def test_smoke_sweep_prints_progress_and_summary(smoke):
     out = smoke["stdout"]
     assert "[headroom] train: 12 trial(s)" in out and "[headroom] prune: 8 trial(s)" in out
     assert "mean final loss" in out and "pruned:gradient" in out and "scratch_b" in out
+    assert "verdict of sweep smoke" in out
+
+
+def test_smoke_dense_runs_log_their_probes_once_per_step(smoke):
+    c = client(smoke["cwd"])
+    _, children = split(runs_of(c, "smoke"))
+    dense = [r for r in children if r.data.tags["headroom.stage"] == "train" and r.data.tags["headroom.arm"] == "dense"]
+    assert len(dense) == 4
+    for r in dense:
+        for m in ("probe/prunable_fraction", "probe/importance_spread", "probe/redundancy", "probe/redundancy/layer0"):
+            assert steps_of(c, r, m) == [0, 20, 40], (r.info.run_name, m)
+    others = [r for r in children if r.data.tags["headroom.arm"] != "dense" and "probe/redundancy" in r.data.metrics]
+    assert not others
+
+
+def test_smoke_sweep_writes_the_verdict_report(smoke):
+    """The report of the sweep's own runs: every primary difference recomputed from the MLflow runs by seed."""
+    from orchestration.report import VERDICTS
+
+    out = smoke["cwd"] / "reports" / "smoke"
+    v = json.loads((out / "verdict.json").read_text())
+    c = client(smoke["cwd"])
+    parents, children = split(runs_of(c, "smoke"))
+    assert v["sweep"] == "smoke" and v["spec_hash"] == parents[0].data.tags["headroom.spec_hash"]
+    final = {}
+    for r in children:
+        t = r.data.tags
+        if t["headroom.stage"] != "lr_search":
+            final[(t["headroom.arm"], t["headroom.family"], t["headroom.method"], int(t["headroom.seed"]))] = \
+                r.data.metrics["final/id/loss"]
+    primary = [x for x in v["comparisons"] if x["primary"]]
+    assert sorted((x["family"], x["control"]) for x in primary) == sorted(
+        (f, a) for f in ("decoder", "encoder") for a in ("scratch_e", "scratch_b"))
+    for x in primary:
+        diffs = [final[(x["control"], x["family"], "none", s)] - final[("pruned", x["family"], "gradient", s)]
+                 for s in (0, 1)]
+        assert x["n_seeds"] == 2 and x["diff_mean"] == pytest.approx(sum(diffs) / 2, abs=1e-9)
+        assert x["verdict"] in VERDICTS and x["ci95"][0] <= x["diff_mean"] <= x["ci95"][1]
+        want = "supported" if x["ci95"][0] > 0 else "refuted" if x["ci95"][1] < 0 else "inconclusive"
+        assert x["verdict"] == want
+    assert {(p["family"], p["method"]) for p in v["prunable"] if p["eval_set"] == "id"} == {
+        (f, m) for f in ("decoder", "encoder") for m in ("gradient", "random")}
+    md = (out / "report.md").read_text()
+    assert "Partial report" not in md and "plots/probes_importance.png" in md and "plots/probes_redundancy.png" in md
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == md.count("](plots/")
+    arts = {a.path for a in c.list_artifacts(parents[0].info.run_id, "report")}
+    assert {"report/verdict.json", "report/report.html", "report/report.md"} <= arts
 
 
 def test_smoke_rerun_creates_no_runs(smoke):
@@ -364,6 +412,12 @@ def test_pretrained_sweep_prunes_a_saved_checkpoint(tmp_path, cache_dir):
         assert sum(kept) == 12  # half of 2 × 12 heads
         if t["headroom.scope"] == "per_layer":
             assert kept == [6, 6]
+    # the report of a prune-only sweep: half (1), and no comparison invented
+    v = json.loads((tmp_path / "reports" / "pretrained-gpt2" / "verdict.json").read_text())
+    assert v["comparisons"] == [] and {p["method"] for p in v["prunable"]} == {"gradient", "random"}
+    assert all(p["scale"] == "pretrained" and p["ratio"] == 0.5 for p in v["prunable"])
+    md = (tmp_path / "reports" / "pretrained-gpt2" / "report.md").read_text()
+    assert "Half (2) was not tested" in md and "half (2) not tested" in r.stdout
     # the checkpoint's own BPE tokenizer was used, not bytes
     path = c.download_artifacts(parents[0].info.run_id, "sweep/resolved.json", str(tmp_path / "download"))
     resolved = json.loads(Path(path).read_text())
