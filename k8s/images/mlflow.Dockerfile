@@ -1,0 +1,12 @@
+# MLflow tracking server with the PostgreSQL and S3 drivers the stock image lacks (psycopg2, boto3).
+#   docker build -f k8s/images/mlflow.Dockerfile -t ghcr.io/headroom-project/mlflow:3.17.2 k8s/images
+FROM python:3.11-slim-bookworm
+
+RUN pip install --no-cache-dir mlflow==3.17.2 psycopg2-binary==2.9.13 boto3==1.43.107 \
+    && useradd --uid 1000 --user-group --no-create-home --home-dir /tmp mlflow
+
+USER 1000:1000
+ENV HOME=/tmp PYTHONDONTWRITEBYTECODE=1
+WORKDIR /tmp
+ENTRYPOINT ["mlflow"]
+CMD ["server", "--host", "0.0.0.0", "--port", "5000"]

@@ -1,0 +1,386 @@
+"""k8s/ validated without a cluster: every overlay and job renders with `kubectl kustomize`; core objects validate
+against the Kubernetes schemas (kubernetes-validate, strict); RayCluster and RayJob against the KubeRay v1.7.0
+CRDs with unknown fields forbidden; the invariants a deployment relies on; README's steps against the manifests;
+and the image's install script in a fresh virtual environment."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+K8S = ROOT / "k8s"
+CRDS = ROOT.parent / "shared" / "k8s-crds"  # ../shared beside the repository; never copied into it
+TARGETS = ["overlays/dev", "overlays/gpu", "jobs/quickstart", "jobs/scales", "jobs/scales/staging"]
+KUBERNETES_VERSION = "1.32.0"
+RAY_KINDS = {"RayCluster": "ray.io_rayclusters.yaml", "RayJob": "ray.io_rayjobs.yaml"}
+
+pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) is not installed")
+
+
+@lru_cache(maxsize=None)
+def render(target: str) -> tuple:
+    r = subprocess.run(["kubectl", "kustomize", str(K8S / target)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"{target}: {r.stderr}"
+    return tuple(d for d in yaml.safe_load_all(r.stdout) if d)
+
+
+def all_objects():
+    for t in TARGETS:
+        for obj in render(t):
+            yield t, obj
+
+
+def pod_specs(obj):
+    """(where, pod spec) of every pod an object makes, RayCluster and RayJob templates included."""
+    kind, spec = obj["kind"], obj.get("spec", {})
+    name = f"{kind}/{obj['metadata']['name']}"
+    if kind in ("Deployment", "StatefulSet", "Job"):
+        yield name, spec["template"]["spec"]
+    cluster = spec if kind == "RayCluster" else spec.get("rayClusterSpec") if kind == "RayJob" else None
+    if cluster:
+        yield f"{name} head", cluster["headGroupSpec"]["template"]["spec"]
+        for g in cluster.get("workerGroupSpecs", []):
+            yield f"{name} worker {g['groupName']}", g["template"]["spec"]
+    if kind == "RayJob" and spec.get("submitterPodTemplate"):
+        yield f"{name} submitter", spec["submitterPodTemplate"]["spec"]
+
+
+def containers(pod):
+    return pod.get("initContainers", []) + pod["containers"]
+
+
+# ------------------------------------------------------------------------------------------ render + schemas
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_overlay_and_job_renders(target):
+    kinds = [o["kind"] for o in render(target)]
+    assert kinds, target
+    if target.startswith("overlays/"):
+        assert {"RayCluster", "Deployment", "StatefulSet", "Service", "Job", "NetworkPolicy", "Namespace"} <= set(kinds)
+    elif target.startswith("jobs/") and not target.endswith("staging"):
+        assert kinds == ["RayJob"]
+
+
+def test_core_objects_validate_against_the_kubernetes_schemas():
+    import kubernetes_validate
+
+    n = 0
+    for target, obj in all_objects():
+        if obj["kind"] in RAY_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{target} {obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
+        n += 1
+    assert n >= 20
+
+
+def _closed(schema):
+    """The CRD schema with additionalProperties: false on every object that lists its properties and does not
+    carry x-kubernetes-preserve-unknown-fields (the CRDs allow unknown keys, so a typo would pass)."""
+    if isinstance(schema, dict):
+        out = {k: _closed(v) for k, v in schema.items()}
+        if ("properties" in out and "additionalProperties" not in out
+                and not out.get("x-kubernetes-preserve-unknown-fields")):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_closed(v) for v in schema]
+    return schema
+
+
+@lru_cache(maxsize=None)
+def crd_validator(kind: str):
+    import jsonschema
+
+    crd = yaml.safe_load((CRDS / RAY_KINDS[kind]).read_text())
+    v1 = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    schema = _closed(copy.deepcopy(v1["schema"]["openAPIV3Schema"]))
+    # metadata is validated by the API server, not by the CRD: a name and labels suffice here
+    schema["properties"]["metadata"] = {"type": "object"}
+    return jsonschema.Draft7Validator(schema)
+
+
+needs_crds = pytest.mark.skipif(not CRDS.is_dir(), reason=f"KubeRay CRDs not found at {CRDS} (../shared/k8s-crds)")
+
+
+@needs_crds
+def test_ray_objects_validate_against_the_kuberay_crds_with_unknown_fields_forbidden():
+    n = 0
+    for target, obj in all_objects():
+        if obj["kind"] in RAY_KINDS:
+            errors = sorted(crd_validator(obj["kind"]).iter_errors(obj), key=lambda e: list(e.path))
+            assert not errors, f"{target} {obj['kind']}: " + "; ".join(
+                f"{'.'.join(map(str, e.path))}: {e.message}" for e in errors[:5])
+            n += 1
+    assert n == 4  # the RayCluster of each overlay, and two RayJobs
+
+
+@needs_crds
+def test_a_misspelled_field_fails_the_crd_check():
+    cluster = next(o for o in render("overlays/dev") if o["kind"] == "RayCluster")
+    job = next(o for o in render("jobs/quickstart") if o["kind"] == "RayJob")
+    bad = copy.deepcopy(cluster)
+    bad["spec"]["enableInTreeAutoscalling"] = bad["spec"].pop("enableInTreeAutoscaling")
+    assert crd_validator("RayCluster").is_valid(cluster)
+    assert not crd_validator("RayCluster").is_valid(bad)
+    bad = copy.deepcopy(cluster)
+    bad["spec"]["workerGroupSpecs"][0]["maxReplica"] = bad["spec"]["workerGroupSpecs"][0].pop("maxReplicas")
+    assert not crd_validator("RayCluster").is_valid(bad)
+    bad = copy.deepcopy(job)
+    bad["spec"]["shutdownAfterJobFinish"] = bad["spec"].pop("shutdownAfterJobFinishes")
+    assert crd_validator("RayJob").is_valid(job) and not crd_validator("RayJob").is_valid(bad)
+    bad = copy.deepcopy(job)
+    bad["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    assert not crd_validator("RayJob").is_valid(bad)
+
+
+# ------------------------------------------------------------------------------------------------ invariants
+
+CREDENTIAL = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY|_USER$|USERNAME", re.I)
+
+
+def test_no_literal_credentials_anywhere():
+    for target, obj in all_objects():
+        assert obj["kind"] != "Secret", f"{target}: a Secret belongs to the user, not the manifests"
+        for where, pod in pod_specs(obj):
+            for c in containers(pod):
+                for e in c.get("env", []):
+                    if CREDENTIAL.search(e["name"]):
+                        assert "valueFrom" in e and "value" not in e, f"{target} {where} {c['name']}: {e['name']}"
+                for arg in c.get("args", []) + c.get("command", []):
+                    assert not re.search(r"://[^/@\s]+:[^/@\s]+@", arg), f"{target} {where}: credential in {arg!r}"
+        if obj["kind"] == "ConfigMap":
+            for text in obj["data"].values():
+                assert not re.search(r"://[^/@\s]+:[^/@\s]+@|password\s*=", text, re.I), target
+
+
+def test_services_are_cluster_internal():
+    for target, obj in all_objects():
+        if obj["kind"] == "Service":
+            assert obj["spec"].get("type", "ClusterIP") == "ClusterIP", target
+        if obj["kind"] in RAY_KINDS:
+            cluster = obj["spec"] if obj["kind"] == "RayCluster" else obj["spec"]["rayClusterSpec"]
+            assert cluster["headGroupSpec"]["serviceType"] == "ClusterIP", target
+
+
+def test_every_container_is_pinned_non_root_and_limited():
+    seen = 0
+    for target, obj in all_objects():
+        for where, pod in pod_specs(obj):
+            psec = pod.get("securityContext", {})
+            for c in containers(pod):
+                seen += 1
+                tag = c["image"].rsplit("/", 1)[-1]
+                assert ":" in tag and not tag.endswith(":latest"), f"{target} {where}: image {c['image']} not pinned"
+                sec = {**psec, **c.get("securityContext", {})}
+                assert sec.get("runAsNonRoot") is True, f"{target} {where} {c['name']}"
+                assert isinstance(sec.get("runAsUser"), int) and sec["runAsUser"] > 0, f"{target} {where}"
+                assert sec.get("allowPrivilegeEscalation") is False, f"{target} {where} {c['name']}"
+                assert c["securityContext"]["capabilities"]["drop"] == ["ALL"], f"{target} {where}"
+                assert c["securityContext"].get("readOnlyRootFilesystem") is True, f"{target} {where}"
+                lim, req = c["resources"]["limits"], c["resources"]["requests"]
+                assert {"cpu", "memory"} <= set(lim) and {"cpu", "memory"} <= set(req), f"{target} {where}"
+                if "nvidia.com/gpu" in lim:
+                    assert any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations", [])), where
+    assert seen >= 15
+
+
+def _lock_ray() -> str:
+    text = (K8S / "images" / "requirements.lock").read_text()
+    return re.search(r"^ray(?:\[[^\]]*\])?==([\w.]+)", text, re.M).group(1)
+
+
+def test_ray_version_matches_the_lock_and_the_image_base():
+    ray = _lock_ray()
+    for target, obj in all_objects():
+        if obj["kind"] in RAY_KINDS:
+            cluster = obj["spec"] if obj["kind"] == "RayCluster" else obj["spec"]["rayClusterSpec"]
+            assert cluster["rayVersion"] == ray, target
+    base = re.search(r"^ARG BASE=rayproject/ray:([\w.]+)-", (K8S / "images" / "headroom.Dockerfile").read_text(), re.M)
+    assert base.group(1) == ray
+
+
+def test_images_run_the_install_script_as_a_numeric_non_root_user():
+    for name in ("headroom.Dockerfile", "mlflow.Dockerfile"):
+        text = (K8S / "images" / name).read_text()
+        users = re.findall(r"^USER (\S+)", text, re.M)
+        assert users and re.fullmatch(r"[1-9]\d*(:\d+)?", users[-1]), (name, users)
+    text = (K8S / "images" / "headroom.Dockerfile").read_text()
+    assert "k8s/images/install.sh" in text and "requirements.lock" in text
+    images = {c["image"] for _, o in all_objects() for _, pod in pod_specs(o) for c in containers(pod)}
+    assert "ghcr.io/headroom-project/mlflow:3.17.2" in images
+    assert re.search(r"mlflow==3\.17\.2 psycopg2-binary==\S+ boto3==", (K8S / "images" / "mlflow.Dockerfile").read_text())
+
+
+def _mlflow_service():
+    objs = render("overlays/dev")
+    svc = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "mlflow")
+    dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "mlflow")
+    return svc, dep
+
+
+def test_jobs_run_a_valid_sweep_against_the_mlflow_service():
+    from orchestration.spec import load_sweep
+
+    svc, dep = _mlflow_service()
+    ns = svc["metadata"]["namespace"]
+    name, port = svc["metadata"]["name"], svc["spec"]["ports"][0]["port"]
+    hosts = {name, f"{name}.{ns}", f"{name}.{ns}.svc", f"{name}.{ns}.svc.cluster.local"}
+    allowed = next(a.split("=", 1)[1] for a in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+                   if a.startswith("--allowed-hosts=")).split(",")
+    jobs = [o for t in ("jobs/quickstart", "jobs/scales") for o in render(t)]
+    assert [j["metadata"]["name"] for j in jobs] == ["headroom-quickstart", "headroom-scales"]
+    for job in jobs:
+        assert job["metadata"]["namespace"] == ns
+        spec = job["spec"]
+        assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] > 0
+        argv = shlex.split(spec["entrypoint"])
+        assert argv[:2] == ["headroom", "sweep"]
+        sweep, _ = load_sweep(ROOT / argv[2])  # exists and passes validation (exit 2 otherwise)
+        assert job["metadata"]["name"] == f"headroom-{sweep.name}"
+        uri = argv[argv.index("--tracking-uri") + 1]
+        m = re.fullmatch(r"http://([^:/]+):(\d+)", uri)
+        assert m and m.group(1) in hosts and int(m.group(2)) == port, uri
+        assert f"{m.group(1)}:{port}" in allowed
+        storage = argv[argv.index("--storage") + 1]
+        assert storage.startswith("s3://headroom-tune/")
+    # the Ray pods' MLFLOW_TRACKING_URI comes from the Secret README creates, with the same URL
+    cluster = next(o for o in render("overlays/dev") if o["kind"] == "RayCluster")
+    env = {e["name"]: e for e in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    ref = env["MLFLOW_TRACKING_URI"]["valueFrom"]["secretKeyRef"]
+    literal = re.search(rf"create secret generic {ref['name']} .*--from-literal={ref['key']}=(\S+)", _readme_section())
+    assert literal and literal.group(1) == f"http://{name}:{port}"
+
+
+def test_scales_job_reads_the_staged_volume():
+    job = render("jobs/scales")[0]
+    pvc = next(o for o in render("jobs/scales/staging") if o["kind"] == "PersistentVolumeClaim")
+    stage = next(o for o in render("jobs/scales/staging") if o["kind"] == "Job")
+    cluster = job["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
+    home = next(e["value"] for e in stage["spec"]["template"]["spec"]["containers"][0]["env"] if e["name"] == "HF_HOME")
+    for pod in pods:
+        claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+        assert pvc["metadata"]["name"] in claims
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["HF_HOME"] == home and env["HF_HUB_OFFLINE"] == "1" and env["HF_DATASETS_OFFLINE"] == "1"
+    from orchestration.spec import load_sweep
+
+    sweep, _ = load_sweep(ROOT / "sweeps" / "scales.yaml")
+    dataset = sweep.data.source.split(":", 1)[1]
+    assert f"load_dataset('{dataset}')" in " ".join(stage["spec"]["template"]["spec"]["containers"][0]["command"])
+    assert any(g["template"]["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu")
+               for g in cluster["workerGroupSpecs"])
+
+
+def test_network_policy_admits_only_ray_pods_to_mlflow():
+    objs = render("overlays/dev")
+    pol = next(o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "mlflow-ingress")
+    assert pol["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "mlflow"}
+    froms = [f for rule in pol["spec"]["ingress"] for f in rule["from"]]
+    assert froms == [{"podSelector": {"matchLabels": {"ray.io/is-ray-node": "yes"}}}]
+    # and the selectors select something: the MLflow pods carry the label
+    dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "mlflow")
+    assert dep["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "mlflow"
+
+
+def test_dev_overlay_is_cpu_only_and_gpu_overlay_scales_gpus():
+    dev = next(o for o in render("overlays/dev") if o["kind"] == "RayCluster")
+    gpu = next(o for o in render("overlays/gpu") if o["kind"] == "RayCluster")
+    assert [g["groupName"] for g in dev["spec"]["workerGroupSpecs"]] == ["cpu"]
+    g = next(g for g in gpu["spec"]["workerGroupSpecs"] if g["groupName"] == "gpu")
+    assert g["minReplicas"] >= 1 and g["maxReplicas"] > g["minReplicas"]
+    assert g["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    for c in (dev, gpu):
+        assert c["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+        assert c["spec"]["enableInTreeAutoscaling"] is True
+        assert c["spec"]["authOptions"] == {"mode": "token", "secretName": "ray-auth"}
+
+
+# --------------------------------------------------------------------------------------------- README steps
+
+
+def _readme_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    return text.split("## Run on Kubernetes", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_secrets_and_names_match_the_manifests():
+    sec = _readme_section()
+    created = {}
+    for m in re.finditer(r"kubectl -n (\S+) create secret generic (\S+) (.+)", sec):
+        assert m.group(1) == "headroom"
+        created[m.group(2)] = set(re.findall(r"--from-literal=([\w.-]+)=", m.group(3)))
+    used: dict[str, set] = {}
+    for target, obj in all_objects():
+        assert obj["metadata"].get("namespace", "headroom") == "headroom" or obj["kind"] == "Namespace"
+        for _, pod in pod_specs(obj):
+            for c in containers(pod):
+                for e in c.get("env", []):
+                    ref = e.get("valueFrom", {}).get("secretKeyRef")
+                    if ref:
+                        used.setdefault(ref["name"], set()).add(ref["key"])
+        if obj["kind"] in RAY_KINDS:
+            cluster = obj["spec"] if obj["kind"] == "RayCluster" else obj["spec"]["rayClusterSpec"]
+            used.setdefault(cluster["authOptions"]["secretName"], set()).add("auth_token")  # KubeRay's key
+    assert created == used
+    # port-forwards name Services that exist, on their ports
+    objs = render("overlays/dev")
+    services = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Service"}
+    cluster = next(o for o in objs if o["kind"] == "RayCluster")
+    head_ports = {p["containerPort"] for p in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
+    for name, local, remote in re.findall(r"port-forward svc/(\S+) (\d+):(\d+)", sec):
+        if name == f"{cluster['metadata']['name']}-head-svc":  # the Service KubeRay makes for the head
+            assert int(remote) in head_ports
+        else:
+            assert int(remote) in {p["port"] for p in services[name]["spec"]["ports"]}, name
+    for path in re.findall(r"kubectl apply -k (k8s/[\w./-]+)", sec):
+        assert (ROOT / path / "kustomization.yaml").is_file(), path
+    assert "--tracking-uri http://mlflow:5000" in sec and "s3://headroom-tune/" in sec
+    bucket_job = next(o for o in objs if o["kind"] == "Job" and o["metadata"]["name"] == "minio-buckets")
+    script = " ".join(bucket_job["spec"]["template"]["spec"]["containers"][0]["args"])
+    for bucket in ("mlflow-artifacts", "headroom-tune"):
+        assert f"store/{bucket}" in script and bucket in sec
+
+
+# --------------------------------------------------------------------------------------------- install script
+
+
+def test_install_script_in_a_fresh_venv(tmp_path):
+    """The image's install steps, run by the same script in a fresh venv. The venv sees this environment's
+    packages through a .pth file, so pip checks every pin of the lock against them (installing only what differs)
+    instead of downloading gigabytes; headroom itself is installed from the working tree into the venv."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "_parent_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    src = tmp_path / "src"  # a copy: the script must not depend on this checkout's egg-info or caches
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "__pycache__", ".cache",
+                                                              "mlruns", "reports", "ray_results", "runs"))
+    env = {**os.environ, "PYTHON": str(py), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    r = subprocess.run(["bash", str(src / "k8s" / "images" / "install.sh"), str(src)], capture_output=True,
+                       text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    h = subprocess.run([str(venv / "bin" / "headroom"), "--help"], capture_output=True, text=True, timeout=120)
+    assert h.returncode == 0 and "sweep" in h.stdout and "report" in h.stdout
+    where = subprocess.run([str(py), "-c", "import orchestration; print(orchestration.__file__)"],
+                           capture_output=True, text=True, cwd=tmp_path).stdout
+    assert where.startswith(site), where  # headroom from the venv, not from this checkout
