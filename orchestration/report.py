@@ -421,7 +421,7 @@ def costs(runs: list[Run]) -> list[dict]:
         row["runs"] += 1
         row["cpu_h"] += r.metrics.get("cost/cpu_s", 0.0) / 3600
         row["gpu_h"] += r.metrics.get("cost/gpu_s", 0.0) / 3600
-    return [{"scale": s, "arm": a, **v} for (s, a), v in sorted(by.items())]
+    return [{"scale": s, "arm": a, **v} for (s, a), v in _sorted(by)]
 
 
 def probes(data: SweepRuns) -> dict:

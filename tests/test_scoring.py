@@ -142,8 +142,10 @@ def test_unknown_method(trained, calib):
 
 
 def test_informed_methods_beat_random_at_half(trained, data, calib):
-    """Removing 50% of heads (no fine-tune) by gradient or ablation hurts less than random removal: below the
-    mean minus two standard deviations of 8 random seeds."""
+    """Removing 50% of heads (no fine-tune) by gradient or ablation hurts less than random removal: the loss is
+    below at least 14 of 16 random seeds' and closes at least half the gap between the random median and dense.
+    (The random losses are skewed, a few seeds removing the heads that matter, so mean − 2 sd is no stable bar:
+    on Python 3.11.2's standard library it failed although gradient beat all 32 random seeds.)"""
     val = list(data.loader("val", 4))
     gate = head_gate(trained)
 
@@ -154,10 +156,11 @@ def test_informed_methods_beat_random_at_half(trained, data, calib):
         return loss
 
     dense = evaluate_loss(trained, val)["loss"]
-    rand = [loss_after(score_heads(trained, None, "random", seed=s)) for s in range(8)]
-    mu, sd = statistics.mean(rand), statistics.stdev(rand)
+    rand = [loss_after(score_heads(trained, None, "random", seed=s)) for s in range(16)]
+    med = statistics.median(rand)
     results = {m: loss_after(score_heads(trained, calib, m)) for m in ("gradient", "ablation")}
-    print(f"\ndense {dense:.4f}; random 50%: {mu:.4f} ± {sd:.4f} (8 seeds); "
+    print(f"\ndense {dense:.4f}; random 50%: median {med:.4f}, sorted {[round(r, 3) for r in sorted(rand)]}; "
           + ", ".join(f"{m} {v:.4f}" for m, v in results.items()))
     for m, v in results.items():
-        assert v < mu - 2 * sd, (m, v, mu, sd)
+        assert sum(v < r for r in rand) >= 14, (m, v, sorted(rand))
+        assert med - v >= 0.5 * (med - dense), (m, v, med, dense)
