@@ -159,23 +159,17 @@ def scales_plot(fits: list[dict], path: str | Path) -> None:
     plt.close(fig)
 
 
-def _band(ax, series: dict, color, label: str) -> None:
-    import statistics
-
-    from scipy import stats
-
-    steps = sorted(series)
-    mean = [statistics.fmean(series[s]) for s in steps]
-    ax.plot(steps, mean, marker="o", ms=3, color=color, label=label)
-    if all(len(series[s]) >= 2 for s in steps):
-        half = [float(stats.t.ppf(0.975, len(series[s]) - 1)) * statistics.stdev(series[s]) / len(series[s]) ** 0.5
-                for s in steps]
-        ax.fill_between(steps, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
-                        color=color, alpha=0.18)
+def _band(ax, points: list, color, label: str) -> None:
+    """points: (step, mean, 95% interval or None); the band is drawn when every point has an interval."""
+    steps = [p[0] for p in points]
+    ax.plot(steps, [p[1] for p in points], marker="o", ms=3, color=color, label=label)
+    if all(p[2] for p in points):
+        ax.fill_between(steps, [p[2][0] for p in points], [p[2][1] for p in points], color=color, alpha=0.18)
 
 
 def probes_plot(probes: dict, path: str | Path) -> None:
-    """Importance over training: prunable fraction and importance spread vs step, one line per scale."""
+    """Importance over training: prunable fraction and importance spread vs step, one line per scale.
+    probes: (scale, family) -> metric -> [(step, mean, 95% interval or None)]."""
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=120)
     cmap = plt.get_cmap("tab10")
@@ -196,21 +190,15 @@ def probes_plot(probes: dict, path: str | Path) -> None:
 
 
 def redundancy_plot(pairs: dict, path: str | Path) -> None:
-    """Mean pairwise CKA of head outputs at init and after training, per scale, with 95% CI bars."""
+    """Mean pairwise CKA of head outputs at init and after training, per scale, with 95% CI bars.
+    pairs: (scale, family) -> ((init mean, interval or None), (trained mean, interval or None))."""
     plt = _plt()
-    import statistics
-
-    from scipy import stats
-
     fig, ax = plt.subplots(figsize=(max(4.5, 1.5 + 1.2 * len(pairs)), 3.6), dpi=120)
     names = [f"{s} {f}" for s, f in pairs]
     for k, (label, offset) in enumerate((("at initialisation", -0.18), ("after training", 0.18))):
-        means, errs = [], []
-        for init, final in pairs.values():
-            v = init if k == 0 else final
-            means.append(statistics.fmean(v))
-            errs.append(float(stats.t.ppf(0.975, len(v) - 1)) * statistics.stdev(v) / len(v) ** 0.5
-                        if len(v) >= 2 else 0)
+        means = [v[k][0] for v in pairs.values()]
+        errs = [[m - v[k][1][0] if v[k][1] else 0 for m, v in zip(means, pairs.values())],
+                [v[k][1][1] - m if v[k][1] else 0 for m, v in zip(means, pairs.values())]]
         ax.bar([i + offset for i in range(len(pairs))], means, width=0.36, yerr=errs, capsize=3, label=label)
     ax.set_xticks(range(len(pairs)))
     ax.set_xticklabels(names)

@@ -27,6 +27,7 @@ import math
 import os
 import statistics
 import tempfile
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +79,7 @@ def paired_verdict(diffs: list[float]) -> tuple[float, tuple[float, float] | Non
 
 @dataclass
 class Run:
-    """A finished child run: its headroom.* tags, metrics (latest values) and params."""
+    """A finished child run: the headroom.* tags it is grouped by, its metrics (latest values) and params."""
 
     run_id: str
     name: str
@@ -86,42 +87,23 @@ class Run:
     tags: dict
     metrics: dict
     params: dict
+    arm: str = field(init=False)
+    scale: str = field(init=False)
+    family: str = field(init=False)
+    method: str = field(init=False)
+    scope: str = field(init=False)
+    schedule: str = field(init=False)
+    seed: int = field(init=False)
+    ratio: float | None = field(init=False)
 
     def tag(self, name: str) -> str:
         return self.tags.get(f"headroom.{name}", "none")
 
-    @property
-    def arm(self) -> str:
-        return self.tag("arm")
-
-    @property
-    def scale(self) -> str:
-        return self.tag("scale")
-
-    @property
-    def family(self) -> str:
-        return self.tag("family")
-
-    @property
-    def method(self) -> str:
-        return self.tag("method")
-
-    @property
-    def scope(self) -> str:
-        return self.tag("scope")
-
-    @property
-    def schedule(self) -> str:
-        return self.tag("schedule")
-
-    @property
-    def seed(self) -> int:
-        return int(self.tag("seed"))
-
-    @property
-    def ratio(self) -> float | None:
-        r = self.tag("ratio")
-        return None if r == "none" else float(r)
+    def __post_init__(self):
+        for t in ("arm", "scale", "family", "method", "scope", "schedule"):
+            setattr(self, t, self.tag(t))
+        self.seed = int(self.tag("seed"))
+        self.ratio = None if self.tag("ratio") == "none" else float(self.tag("ratio"))
 
 
 @dataclass
@@ -432,6 +414,11 @@ def probes(data: SweepRuns) -> dict:
             for step, v in hist:
                 out[(r.scale, r.family)][metric][int(step)].append(v)
     return dict(_sorted(out))
+
+
+def _series(by_step: dict) -> list:
+    """{step: [values over seeds]} -> [(step, mean, 95% interval or None)] for the plots."""
+    return [(step, _mean(v), t_interval(v)) for step, v in sorted(by_step.items())]
 
 
 def redundancy_change(series: dict) -> tuple[list[float], list[float]] | None:
@@ -763,7 +750,7 @@ def render(rep: Report, out: Path) -> Doc:
               "spread is the coefficient of variation of head importance. Redundancy: mean pairwise linear CKA of the "
               "outputs of the heads of a layer (1 = linearly equivalent), at initialisation and after training.")
         path = pdir / "probes_importance.png"
-        plots.probes_plot(rep.probes, path)
+        plots.probes_plot({k: {m: _series(v) for m, v in series.items()} for k, series in rep.probes.items()}, path)
         doc.img(path, "Prunable fraction and spread of head importance vs training step (mean over seeds, 95% band)")
         rows = []
         for (scale, family), series in rep.probes.items():
@@ -785,7 +772,7 @@ def render(rep: Report, out: Path) -> Doc:
             if got is None:
                 continue
             init, final = got
-            pairs[(scale, family)] = got
+            pairs[(scale, family)] = ((_mean(init), t_interval(init)), (_mean(final), t_interval(final)))
             diff, ci, verdict = paired_verdict([a - b for a, b in zip(init, final)])
             word = {"supported": "more similar at init", "refuted": "more similar after training"}.get(verdict, verdict)
             red_rows.append([scale, family, len(init), _mean(init), _mean(final), f"{diff:+.4f}", _ci(ci), word])
@@ -879,8 +866,6 @@ def write_report(uri: str, sweep_name: str, out: Path | None = None, log: bool =
 
         client = _client(uri)
         client.log_artifacts(data.parent_id, str(out), "report")
-        import time
-
         now = int(time.time() * 1000)
         ms = [Metric(k, float(v), now, 0) for k, v in headline_metrics(rep).items()]
         for i in range(0, len(ms), 1000):

@@ -27,7 +27,6 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from .plan import DONE, HISTORY, KEPT, RESUMED, WORK, Unit
-from .spec import resolve_tracking_uri  # noqa: F401 - where the driver resolves it
 
 PACKAGES = ("headroom", "torch", "transformers", "pytorch-lightning", "ray", "mlflow", "optuna", "datasets")
 FINISHED = RunStatus.to_string(RunStatus.FINISHED)
