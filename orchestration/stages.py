@@ -100,9 +100,6 @@ class Sweeper:
         if self.progress:
             print(f"[headroom] {msg}", flush=True)
 
-    def _unit_dirname(self, trial) -> str:
-        return f"{trial.trial_id}"
-
     def _tune(self, stage: str, trainable, param_space: dict, unit_of, n: int, tune_config=None, **params):
         """One Tuner over `n` trials; returns the TrackingCallback (what completed)."""
         from ray import tune
@@ -118,7 +115,7 @@ class Sweeper:
         tc = tune_config or tune.TuneConfig()
         tc.reuse_actors = True  # torch + transformers import once per worker, not once per trial
         tc.trial_name_creator = lambda t: f"{unit_of(t).name}_{t.trial_id[-5:]}"
-        tc.trial_dirname_creator = self._unit_dirname
+        tc.trial_dirname_creator = lambda t: t.trial_id  # short paths; the name says the unit
         run_config = tune.RunConfig(
             name=name, storage_path=self.where.storage, callbacks=[cb, JsonLoggerCallback()],
             failure_config=tune.FailureConfig(max_failures=self.sweep.retries),
