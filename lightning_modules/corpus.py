@@ -85,8 +85,38 @@ def _blocks(text: str, size: int = BLOCK_CHARS) -> list[str]:
     return out
 
 
+def normalised_hash(text: str) -> str:
+    """Hash of a document's content up to line endings, trailing spaces and blank lines at either end: two files
+    that differ only there are the same document."""
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+    body = "\n".join(lines).strip("\n")
+    return hashlib.sha256(body.encode("utf-8", "replace")).hexdigest()
+
+
+def dedupe(units: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], int]:
+    """Drop documents whose normalised content repeats an earlier one (the first, in the given order, stays).
+    Returns (units, number dropped). Done before splitting, so one text never sits in two splits."""
+    seen, out = set(), []
+    for key, text in units:
+        h = normalised_hash(text)
+        if h not in seen:
+            seen.add(h)
+            out.append((key, text))
+    return out, len(units) - len(out)
+
+
+def drop_train_duplicates(splits: dict[str, list[str]]) -> int:
+    """Splits fixed by the source (a dataset's own validation and test, a shifted set) keep their documents; a
+    training document with the same normalised content as a held-out one leaves train. Returns how many left."""
+    held = {normalised_hash(d) for name, docs in splits.items() if name != "train" for d in docs}
+    train = splits["train"]
+    splits["train"] = [d for d in train if normalised_hash(d) not in held]
+    return len(train) - len(splits["train"])
+
+
 def _split_units(units: list[tuple[str, str]], cfg: DataConfig, what: str) -> dict[str, list[str]]:
-    """units: (key, text). Few large units are cut into blocks first so every split gets text."""
+    """units: (key, text), duplicates already dropped. Few large units are cut into blocks first so every split
+    gets text."""
     if len(units) < MIN_UNITS:
         units = [(f"{k}#{i}", b) for k, t in units for i, b in enumerate(_blocks(t))]
     splits: dict[str, list[str]] = {s: [] for s in ("train", "val", "calibration", "id")}
@@ -144,17 +174,21 @@ def load_stdlib(cfg: DataConfig) -> Corpus:
         if not text.strip():
             continue
         if rel.split("/", 1)[0] in STDLIB_SHIFT_PACKAGES:
-            shift_docs.append(text)
+            shift_docs.append((rel, text))
         else:
             units.append((rel, text))
+    units, dups = dedupe(units)
+    shift, shift_dups = dedupe(shift_docs)
     splits = _split_units(units, cfg, "stdlib")
-    splits["shift"] = shift_docs
+    splits["shift"] = [t for _, t in shift]
+    left = drop_train_duplicates(splits)
     note = f"standard-library packages held out of training: {', '.join(STDLIB_SHIFT_PACKAGES)}"
     import sys
 
     return Corpus(
         "stdlib", splits, _hash(cfg, splits), note,
-        meta={"python": sys.version.split()[0], "root": str(stdlib_root()), "files": len(files)},
+        meta={"python": sys.version.split()[0], "root": str(stdlib_root()), "files": len(files),
+              "duplicates_removed": dups + shift_dups + left},
     )
 
 
@@ -183,14 +217,17 @@ def load_path(cfg: DataConfig) -> Corpus:
     units = [(k, t) for k, t in units if t.strip()]
     if not units:
         raise HeadroomInputError(f"data: corpus is empty (files matching {pattern!r} hold only whitespace)")
+    units, dups = dedupe(units)
     splits = _split_units(units, cfg, cfg.source)
     note = None
     if cfg.shift:
-        splits["shift"], note = _shift_docs(cfg)
-    return Corpus(cfg.source, splits, _hash(cfg, splits), note, meta={"files": len(files)})
+        splits["shift"], note, shift_dups = _shift_docs(cfg)
+        dups += shift_dups + drop_train_duplicates(splits)
+    return Corpus(cfg.source, splits, _hash(cfg, splits), note, meta={"files": len(files), "duplicates_removed": dups})
 
 
-def _shift_docs(cfg: DataConfig) -> tuple[list[str], str]:
+def _shift_docs(cfg: DataConfig) -> tuple[list[str], str, int]:
+    """(documents of the shifted set, what it is, duplicates dropped within it)."""
     assert cfg.shift is not None
     kind, rest = cfg.shift.split(":", 1)
     if kind == "path":
@@ -199,7 +236,8 @@ def _shift_docs(cfg: DataConfig) -> tuple[list[str], str]:
         docs = [d for split in _hf_rows(rest, cfg.text_column).values() for d in split]
     if not docs:
         raise HeadroomInputError(f"shift: {cfg.shift} holds no text")
-    return docs, f"shifted eval set from {cfg.shift}"
+    unique, dups = dedupe([(str(i), d) for i, d in enumerate(docs)])
+    return [d for _, d in unique], f"shifted eval set from {cfg.shift}", dups
 
 
 # ------------------------------------------------------------------------------------------ hf:NAME[:CFG]
@@ -246,6 +284,10 @@ def load_hf(cfg: DataConfig) -> Corpus:
     rows = _hf_rows(spec, cfg.text_column)
     if not any(rows.values()):
         raise HeadroomInputError(f"data {cfg.source}: corpus is empty")
+    n_rows = sum(len(d) for d in rows.values())
+    rows = {split: [t for _, t in dedupe([(str(i), d) for i, d in enumerate(docs)])[0]]
+            for split, docs in rows.items()}
+    dups = n_rows - sum(len(d) for d in rows.values())
     train_rows = rows.get("train", [])
     val_rows = rows.get("validation") or rows.get("valid") or rows.get("val")
     test_rows = rows.get("test")
@@ -260,12 +302,15 @@ def load_hf(cfg: DataConfig) -> Corpus:
         train = [t for i, t in enumerate(train_rows) if i not in cal_idx]
         splits = {"train": train, "val": val_rows, "calibration": cal, "id": test_rows}
     else:
-        units = [(f"{s}/{i}", t) for s, docs in sorted(rows.items()) for i, t in enumerate(docs)]
+        units, _ = dedupe([(f"{s}/{i}", t) for s, docs in sorted(rows.items()) for i, t in enumerate(docs)])
+        dups = n_rows - len(units)
         splits = _split_units(units, cfg, cfg.source)
     note = None
     if cfg.shift:
-        splits["shift"], note = _shift_docs(cfg)
-    return Corpus(cfg.source, splits, _hash(cfg, splits), note)
+        splits["shift"], note, shift_dups = _shift_docs(cfg)
+        dups += shift_dups
+    dups += drop_train_duplicates(splits)
+    return Corpus(cfg.source, splits, _hash(cfg, splits), note, meta={"duplicates_removed": dups})
 
 
 # ------------------------------------------------------------------------------------------------- entry
@@ -407,13 +452,35 @@ def data_hash(corpus: Corpus, tokenizer) -> str:
     return corpus.corpus_hash + "-" + hashlib.sha256(tokenizer.name.encode()).hexdigest()[:6]
 
 
-def data_hash_of(cfg: DataConfig) -> str:
-    """`data_hash` without torch: what a sweep's driver puts into every unit key (and trains a BPE tokenizer
-    into the cache once, before trials would race to)."""
+@dataclass(frozen=True)
+class DataIdentity:
+    """What a sweep's driver needs of its data before planning: the identity of the token streams (it goes into
+    every unit key) and the vocabulary size actually trained (it decides the models' sizes, so Scratch-B's
+    compute)."""
+
+    data_hash: str
+    vocab_size: int
+
+
+def data_identity(cfg: DataConfig) -> DataIdentity:
+    """`data_hash` and the tokenizer's vocabulary without torch (and a BPE tokenizer trained into the cache once,
+    before trials would race to)."""
     if cfg.source == "mqar":
-        return mqar_hash()
+        return DataIdentity(mqar_hash(), BYTE_VOCAB_SIZE)
     corpus = load_corpus(cfg)
-    return data_hash(corpus, make_tokenizer(cfg, corpus))
+    tok = make_tokenizer(cfg, corpus)
+    return DataIdentity(data_hash(corpus, tok), tok.vocab_size)
+
+
+def planned_vocab_size(cfg: DataConfig) -> tuple[int, str]:
+    """The vocabulary size a plan can know without reading the corpus: (size, how it is known). Bytes and a
+    pretrained tokenizer are exact; a BPE tokenizer not yet trained is planned at its declared size (training
+    reaches it on any corpus of a few megabytes; the sweep itself plans with the trained tokenizer)."""
+    if cfg.tokenizer == "byte" or cfg.source == "mqar":
+        return BYTE_VOCAB_SIZE, "bytes"
+    if cfg.tokenizer.startswith("pretrained:"):
+        return pretrained_tokenizer(cfg.tokenizer.split(":", 1)[1]).vocab_size, "the pretrained tokenizer"
+    return cfg.bpe_vocab_size, "declared bpe_vocab_size (the tokenizer is trained when the sweep starts)"
 
 
 def encode_docs(tokenizer, docs: list[str]) -> np.ndarray:

@@ -11,18 +11,21 @@ is scored on the same tokens.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .config import DataConfig, HeadroomInputError, TrainConfig
+from .config import EVAL_CAP_TOKENS, DataConfig, HeadroomInputError, TrainConfig
 from .corpus import (
     EVAL_SETS,
     MQAR_PAIRS,
     MQAR_STREAMS,
     ByteTokenizer,
     Corpus,
+    cache_dir,
     data_hash,
     encode_splits,
     load_corpus,
@@ -32,6 +35,7 @@ from .corpus import (
 )
 
 EVAL_MASK_SEED = 1_000_003  # one masking of each eval window for all runs
+_CLEAN_STARTS: dict = {}  # (data hash, split, seq_len) -> clean window starts, per process
 
 
 def mlm_mask(ids: np.ndarray, rng: np.random.Generator, prob: float, mask_id: int, n_regular: int):
@@ -91,20 +95,76 @@ class TrainWindows(_Windows):
 
 
 class EvalWindows(_Windows):
-    """Up to n evenly spaced windows of a split, the same for every run."""
+    """Windows of a held-out split, the same for every run: the non-overlapping windows at `starts` (default: all
+    of them), or n of those evenly spaced when n is smaller. Masking (encoder) is seeded by the window's start."""
 
-    def __init__(self, stream, seq_len, n: int, mlm: dict | None = None):
+    def __init__(self, stream, seq_len, n: int, mlm: dict | None = None, starts: np.ndarray | None = None):
         super().__init__(stream, seq_len, mlm)
-        total = len(stream) // seq_len
-        if total < 1:
-            raise HeadroomInputError(f"split of {len(stream)} tokens is shorter than one window of {seq_len}")
-        self.starts = (np.unique(np.linspace(0, total - 1, min(n, total)).round().astype(np.int64)) * seq_len)
+        if starts is None:
+            total = len(stream) // seq_len
+            if total < 1:
+                raise HeadroomInputError(f"split of {len(stream)} tokens is shorter than one window of {seq_len}")
+            starts = np.arange(total, dtype=np.int64) * seq_len
+        if len(starts) < 1:
+            raise HeadroomInputError("split has no window that does not also occur in the training split")
+        pick = np.unique(np.linspace(0, len(starts) - 1, min(n, len(starts))).round().astype(np.int64))
+        self.starts = np.asarray(starts, dtype=np.int64)[pick]
 
     def __len__(self) -> int:
         return len(self.starts)
 
     def __getitem__(self, i: int) -> dict:
-        return self._item(int(self.starts[i]), [EVAL_MASK_SEED, i])
+        start = int(self.starts[i])
+        return self._item(start, [EVAL_MASK_SEED, start])
+
+
+# ------------------------------------------------------------------------------------- decontamination
+
+_HASH_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd, so invertible modulo 2^64
+_HASH_CHUNK = 1 << 24  # tokens of the training stream hashed at a time (bounded memory on large corpora)
+
+
+def window_hashes(stream: np.ndarray, width: int) -> np.ndarray:
+    """Polynomial hashes (mod 2^64) of every window of `width` tokens of `stream`, at every offset:
+    h(i) = Σ_k (s[i+k] + 1)·B^(width−1−k). Vectorised through prefix sums of s[j]·B^(−j): the window sum is a
+    difference of two prefix sums, scaled back by B^(i+width−1)."""
+    n = len(stream)
+    if n < width:
+        return np.zeros(0, dtype=np.uint64)
+    s = stream.astype(np.uint64) + np.uint64(1)
+    inv = np.uint64(pow(int(_HASH_BASE), -1, 1 << 64))
+    with np.errstate(over="ignore"):
+        inv_pow = np.full(n, inv, dtype=np.uint64)
+        inv_pow[0] = 1
+        inv_pow = np.cumprod(inv_pow, dtype=np.uint64)
+        prefix = np.zeros(n + 1, dtype=np.uint64)
+        np.cumsum(s * inv_pow, dtype=np.uint64, out=prefix[1:])
+        pow_ = np.full(n, _HASH_BASE, dtype=np.uint64)
+        pow_[0] = 1
+        pow_ = np.cumprod(pow_, dtype=np.uint64)
+        i = np.arange(n - width + 1)
+        return (prefix[i + width] - prefix[i]) * pow_[i + width - 1]
+
+
+def clean_window_starts(split: np.ndarray, train: np.ndarray, seq_len: int) -> np.ndarray:
+    """Starts of the non-overlapping windows of a held-out split whose tokens do not occur anywhere in the training
+    stream (at any offset). Removing duplicate documents leaves shared boilerplate (licence headers, generated
+    tables, copied signatures); a window that a model could have memorised measures memory, not generalisation.
+    Found by hashing every training window (`window_hashes`, in chunks) against the split's windows."""
+    total = len(split) // seq_len
+    starts = np.arange(total, dtype=np.int64) * seq_len
+    if total == 0 or len(train) < seq_len:
+        return starts
+    held = window_hashes(split, seq_len)[starts]
+    order = np.argsort(held)
+    sorted_held = held[order]
+    seen = np.zeros(total, dtype=bool)
+    for lo in range(0, len(train) - seq_len + 1, _HASH_CHUNK):
+        h = window_hashes(train[lo:lo + _HASH_CHUNK + seq_len - 1], seq_len)
+        pos = np.searchsorted(sorted_held, h).clip(max=total - 1)
+        hit = sorted_held[pos] == h
+        seen[order[pos[hit]]] = True
+    return starts[~seen]
 
 
 # ----------------------------------------------------------------------------------------------- MQAR
@@ -179,6 +239,9 @@ class HeadroomData(pl.LightningDataModule):
             for s in ("val", "calibration", "id"):
                 if len(self.streams.get(s, ())) < seq:
                     raise HeadroomInputError(f"data {self.data.source}: the {s} split has fewer than {seq} tokens")
+            for s in self.streams:
+                if s != "train":
+                    self.clean_starts(s)  # data preparation, once: every loader of the split uses it
         if self.family == "encoder" and self.tokenizer.mask_id is None:
             raise HeadroomInputError("tokenizer has no mask token; the encoder family needs one")
         self._prepared = True
@@ -219,6 +282,25 @@ class HeadroomData(pl.LightningDataModule):
     def _mask_id(self):
         return self.tokenizer.mask_id if self.family == "encoder" else None
 
+    def clean_starts(self, split: str) -> np.ndarray:
+        """The split's window starts that `clean_window_starts` keeps (memoised per process: trials that reuse a
+        worker prepare the same data again)."""
+        tok = self.tokenizer
+        ident = tok.fingerprint() if hasattr(tok, "fingerprint") else tok.name
+        key = (self.corpus_hash, ident, split, self.train_cfg.seq_len)
+        if key not in _CLEAN_STARTS:
+            path = cache_dir() / "clean" / f"{self.corpus_hash}-{ident}-{split}-{self.train_cfg.seq_len}.npy"
+            if path.exists():
+                _CLEAN_STARTS[key] = np.load(path)
+            else:
+                _CLEAN_STARTS[key] = clean_window_starts(self.streams[split], self.streams["train"],
+                                                         self.train_cfg.seq_len)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.npy")
+                np.save(tmp, _CLEAN_STARTS[key])
+                os.replace(tmp, path)  # atomic: a concurrent trial reads a whole file or none
+        return _CLEAN_STARTS[key]
+
     def split_dataset(self, split: str, n_windows: int) -> Dataset:
         self.prepare()
         if self.data.source == "mqar":
@@ -226,13 +308,30 @@ class HeadroomData(pl.LightningDataModule):
                         mask_id=self._mask_id())
         if split not in self.streams:
             raise HeadroomInputError(f"data {self.data.source}: no {split} split")
-        return EvalWindows(self.streams[split], self.train_cfg.seq_len, n_windows, self._mlm())
+        return EvalWindows(self.streams[split], self.train_cfg.seq_len, n_windows, self._mlm(),
+                           starts=self.clean_starts(split))
 
-    def loader(self, split: str, n_batches: int, batch_size: int | None = None) -> DataLoader:
-        """Fixed batches of a held-out split (val, calibration, id, shift)."""
+    def loader(self, split: str, n_batches: int | None, batch_size: int | None = None) -> DataLoader:
+        """Fixed batches of a held-out split (val, calibration, id, shift): `n_batches` batches, or with None every
+        clean window of the split up to EVAL_CAP_TOKENS (evenly spaced when the split is longer)."""
         bs = batch_size or self.train_cfg.batch_size
-        return DataLoader(self.split_dataset(split, n_batches * bs), batch_size=bs, shuffle=False,
+        return DataLoader(self.split_dataset(split, self._n_windows(n_batches, bs)), batch_size=bs, shuffle=False,
                           num_workers=self.num_workers)
+
+    def _n_windows(self, n_batches: int | None, batch_size: int | None = None) -> int:
+        if n_batches is not None:
+            return n_batches * (batch_size or self.train_cfg.batch_size)
+        return max(1, EVAL_CAP_TOKENS // self.train_cfg.seq_len)
+
+    def eval_windows(self, split: str, n_batches: int | None) -> dict:
+        """How an eval set is measured: clean windows used, windows of the split, and those dropped because they
+        also occur in the training stream."""
+        self.prepare()
+        used = len(self.split_dataset(split, self._n_windows(n_batches)))
+        if self.data.source == "mqar":
+            return {"windows": used, "split_windows": None, "excluded": 0}
+        total = len(self.streams[split]) // self.train_cfg.seq_len
+        return {"windows": used, "split_windows": total, "excluded": total - len(self.clean_starts(split))}
 
     # ---- Lightning hooks
     def train_dataloader(self) -> DataLoader:

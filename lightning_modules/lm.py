@@ -56,14 +56,16 @@ def resolve_precision(precision: str) -> str:
 
 
 @torch.no_grad()
-def evaluate(model, loader, max_batches: int | None = None, loss_fn=None) -> dict:
-    """Mean loss (nats/token over the predicted tokens) and perplexity of `model` on the batches of `loader`.
-    `loss_fn(model, batch) -> (summed loss [B], tokens [B])` defaults to the LM loss."""
+def evaluate(model, loader, max_batches: int | None = None, loss_fn=None, per_window: bool = False) -> dict:
+    """Mean loss (nats/token over the predicted tokens), perplexity and token count of `model` on the batches of
+    `loader`. `loss_fn(model, batch) -> (summed loss [B], tokens [B])` defaults to the LM loss. With `per_window`
+    also the summed loss and token count of every window in loader order (`window_loss`, `window_tokens`): what
+    the report needs to say how much the choice of windows moves a difference."""
     loss_fn = loss_fn or token_losses
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    total, count = 0.0, 0
+    sums, counts = [], []
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
     with autocast:
         for i, batch in enumerate(loader):
@@ -71,11 +73,18 @@ def evaluate(model, loader, max_batches: int | None = None, loss_fn=None) -> dic
                 break
             batch = {k: v.to(device) for k, v in batch.items()}
             s, n = loss_fn(model, batch)
-            total += float(s.sum())
-            count += int(n.sum())
+            sums.append(s.detach().double().cpu())
+            counts.append(n.detach().cpu())
     model.train(was_training)
+    s = torch.cat(sums) if sums else torch.zeros(0, dtype=torch.float64)
+    n = torch.cat(counts) if counts else torch.zeros(0, dtype=torch.long)
+    total, count = float(s.sum()), int(n.sum())
     loss = total / max(count, 1)
-    return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens": count}
+    out = {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens": count}
+    if per_window:
+        out["window_loss"] = s.tolist()
+        out["window_tokens"] = n.tolist()
+    return out
 
 
 class HeadroomLM(pl.LightningModule):

@@ -254,3 +254,85 @@ def test_split_too_small_for_seq_len(tmp_path):
     dm = HeadroomData(DataConfig(source=f"path:{tmp_path}/*.txt"), train_config_for("xs", seq_len=256), "decoder")
     with pytest.raises(HeadroomInputError, match="fewer than 256 tokens"):
         dm.prepare()
+
+
+# ------------------------------------------------------------------------- duplicates and held-out windows
+
+
+def test_duplicate_documents_are_removed_before_splitting(tmp_path):
+    """Copies of a document (up to line endings and trailing spaces) are one document: after splitting, no text sits
+    in two splits. A shifted set keeps its documents; a training copy of one leaves train."""
+    _write_corpus(tmp_path / "c", 80)
+    src = (tmp_path / "c" / "doc007.txt").read_text()
+    for i in range(5):  # five copies, one with CRLF line endings and trailing blanks
+        text = src.replace("\n", "\r\n") + "  \n\n" if i == 0 else src
+        (tmp_path / "c" / f"copy{i}.txt").write_text(text)
+    shifted = _write_corpus(tmp_path / "s", 3, prefix="shifted", words=("zeta", "eta"))
+    (tmp_path / "c" / "leak.txt").write_text((shifted / "shifted001.txt").read_text())
+    corpus = load_corpus(DataConfig(source=f"path:{tmp_path}/c/*.txt", shift=f"path:{tmp_path}/s/*.txt"))
+    from lightning_modules.corpus import normalised_hash
+
+    where = {}
+    for split, docs in corpus.splits.items():
+        for d in docs:
+            where.setdefault(normalised_hash(d), []).append(split)
+    assert all(len(v) == 1 for v in where.values()), {k: v for k, v in where.items() if len(v) > 1}
+    assert where[normalised_hash(src)] != ["shift"] and len(where) == 80 + 3
+    assert where[normalised_hash((shifted / "shifted001.txt").read_text())] == ["shift"]
+    assert corpus.meta["duplicates_removed"] == 5 + 1
+
+
+def test_window_hashes_equal_a_direct_polynomial():
+    from lightning_modules.data import _HASH_BASE, window_hashes
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 300, 500).astype(np.int32)
+    h = window_hashes(x, 7)
+    B = int(_HASH_BASE)
+    for i in range(0, len(h), 23):
+        v = 0
+        for k in range(7):
+            v = (v * B + int(x[i + k]) + 1) % 2**64
+        assert int(h[i]) == v
+
+
+def test_no_eval_window_occurs_in_the_train_stream():
+    """On the embedded corpus, the windows a run is evaluated (or scored) on are absent from the training text at
+    every offset, checked here by plain substring search: every window of `id` (the primary eval set), a sample of
+    the other splits; and every window left out does occur in train (the filter drops nothing else). Without the
+    filter, shared boilerplate (codec tables, licence headers) puts some held-out windows verbatim in train."""
+    import random
+
+    seq = 128
+    dm = HeadroomData(DataConfig(), train_config_for("xs", seq_len=seq)).prepare()
+    train = dm.streams["train"].astype(np.uint8).tobytes()
+    rng = random.Random(0)
+    excluded = 0
+    for split in ("id", "val", "calibration", "shift"):
+        stream = dm.streams[split].astype(np.uint8).tobytes()
+        used = [int(s) for s in dm.split_dataset(split, 1 << 30).starts]
+        assert len(used) > 100
+        checked = used if split == "id" else rng.sample(used, 200)
+        assert not any(stream[s:s + seq] in train for s in checked), split
+        left_out = sorted(set(range(0, len(stream) - seq + 1, seq)) - set(used))
+        assert all(stream[s:s + seq] in train for s in left_out), split
+        excluded += len(left_out)
+        info = dm.eval_windows(split, None)
+        assert info["windows"] == len(used) == info["split_windows"] - info["excluded"]
+    assert excluded > 0  # the filter had something to do
+
+
+def test_whole_split_evaluation_by_default(tmp_path):
+    """eval_batches None scores every clean window of a split (up to the stated cap), and says how many tokens."""
+    from lightning_modules.lm import evaluate
+    from lightning_modules.models import build_model
+    from lightning_modules.config import model_config_for
+
+    _write_corpus(tmp_path / "c", 60)
+    tcfg = train_config_for("xs", seq_len=64, batch_size=4)
+    dm = HeadroomData(DataConfig(source=f"path:{tmp_path}/c/*.txt"), tcfg, "decoder").prepare()
+    windows = len(dm.clean_starts("id"))
+    assert windows > 4  # more than one batch: the whole split, not a fixed number of batches
+    got = evaluate(build_model(model_config_for("xs"), 0), dm.loader("id", None), per_window=True)
+    assert got["tokens"] == windows * 63 and len(got["window_loss"]) == windows
+    assert sum(got["window_loss"]) / got["tokens"] == pytest.approx(got["loss"])
