@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -119,9 +119,14 @@ class TrainConfig(_Strict):
     seed: int = Field(default=0, ge=0)
     val_every: int = Field(default=100, gt=0)
     val_batches: int = Field(default=8, gt=0)
-    eval_batches: int = Field(default=16, gt=0)
+    # final evaluation: every clean window of each eval set up to EVAL_CAP_TOKENS (None), or this many batches
+    eval_batches: int | None = Field(default=None, gt=0)
     mlm_probability: float = Field(default=0.15, gt=0, lt=1)
 
+
+# The stated cap of a whole-split evaluation (eval_batches None): at most this many tokens per eval set, windows
+# evenly spaced over the split when it is longer.
+EVAL_CAP_TOKENS = 1 << 20
 
 DATA_SOURCE_HELP = "stdlib, path:GLOB, hf:NAME[:CONFIG] or mqar"
 
@@ -233,7 +238,8 @@ def model_config_for(
     heads_per_layer: list[int] | None = None,
 ) -> ModelConfig:
     """The ModelConfig of a scale. `n_heads` keeps the preset's head_dim (the Scratch-E architecture);
-    `head_dim="auto"` uses d_model // n_heads (the `wide` control); an int sets it."""
+    `head_dim="auto"` makes the heads as wide as d_model allows (`wide_head_dim`: the `wide` control); an int
+    sets it."""
     sc = get_scale(scale)
     if family not in FAMILIES:
         raise HeadroomInputError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
@@ -242,7 +248,7 @@ def model_config_for(
     if head_dim is None:
         hd = sc.head_dim
     elif head_dim == "auto":
-        hd = None
+        hd = wide_head_dim(sc.d_model, h)
     else:
         hd = head_dim
     try:
@@ -321,8 +327,14 @@ def prunable_fraction(ratios, losses, dense_loss: float, tolerance: float) -> fl
 
 
 def wide_head_dim(d_model: int, n_heads_kept: int) -> int:
-    """The `wide` control: the usual 'fewer heads' configuration, head_dim = d_model // heads_kept."""
-    return d_model // n_heads_kept
+    """The `wide` control: the kept heads made as wide as the model allows, the usual "fewer, wider heads"
+    configuration. head_dim is the largest even number ≤ d_model / heads_kept: rotary position embeddings rotate
+    pairs of dimensions, so an odd head size cannot be built. Its attention width heads_kept·head_dim is d_model
+    when the division comes out even, else a little less (never more): at d_model 128 and 6 heads, 6 × 20 = 120."""
+    hd = 2 * (d_model // (2 * n_heads_kept))
+    if hd < 2:
+        raise HeadroomInputError(f"wide: {n_heads_kept} heads leave less than 2 dimensions each of d_model {d_model}")
+    return hd
 
 
 # ------------------------------------------------------------------------------------ params and FLOPs
@@ -418,7 +430,11 @@ PruneSchedule = Literal["one_shot", "iterative"]
 class PrunePlan(_Strict):
     """What to remove: a fraction `ratio` of the heads, chosen per layer or globally (at least one head stays in
     every layer), in one shot or iteratively (`step` of the heads at a time, re-scoring in between, as Michel et
-    al. 2019), then `finetune_steps` of recovery training."""
+    al. 2019), then `finetune_steps` of recovery training.
+
+    The recovery fine-tune's learning rate is `finetune_lr` when given; otherwise each rate of
+    `finetune_lr_grid` fine-tunes a copy of the pruned model and the one with the lowest validation loss is kept
+    (chosen on the validation split, never on an eval set)."""
 
     method: str = "gradient"
     ratio: float = Field(ge=0, lt=1)
@@ -426,8 +442,20 @@ class PrunePlan(_Strict):
     schedule: PruneSchedule = "one_shot"
     step: float = Field(default=0.1, gt=0, le=1)
     finetune_steps: int = Field(default=0, ge=0)
-    finetune_lr: float = Field(default=3e-4, gt=0)
+    finetune_lr: float | None = Field(default=None, gt=0)
+    finetune_lr_grid: tuple[Annotated[float, Field(gt=0)], ...] = ()
     seed: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _finetune_rate(self):
+        if self.finetune_steps and self.finetune_lr is None and not self.finetune_lr_grid:
+            raise ValueError("a recovery fine-tune needs finetune_lr or a finetune_lr_grid to choose it from")
+        return self
+
+    @property
+    def finetune_lrs(self) -> tuple[float, ...]:
+        """The fine-tune rates to try: the fixed one, or the grid."""
+        return (self.finetune_lr,) if self.finetune_lr is not None else tuple(self.finetune_lr_grid)
 
     @field_validator("method")
     @classmethod

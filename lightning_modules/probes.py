@@ -16,6 +16,7 @@ probes trains exactly as one without (tested).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -23,7 +24,7 @@ from pytorch_lightning.callbacks import Callback
 
 from .config import prunable_fraction
 from .heads import family_of
-from .pruning import CURVE_RATIOS, prune_curve
+from .pruning import prune_curve
 from .scoring import default_loss, score_heads
 
 Row = list  # [metric, step, value]
@@ -101,8 +102,9 @@ def importance_probe(model, calibration: list[dict], val: list[dict], method: st
     spread = float(valid.std(unbiased=False) / valid.mean().abs().clamp_min(1e-12)) if valid.numel() else float("nan")
     rows = prune_curve(model, scores, {"val": val}, "per_layer", loss_fn)
     losses = [r["val"] for r in rows]
-    return {"scores": scores, "spread": spread, "curve": losses,
-            "prunable_fraction": prunable_fraction(CURVE_RATIOS, losses, losses[0], tolerance)}
+    fractions = [r["ratio"] for r in rows]  # the fractions of heads actually removed
+    return {"scores": scores, "spread": spread, "curve": losses, "fractions": fractions,
+            "prunable_fraction": prunable_fraction(fractions, losses, losses[0], tolerance)}
 
 
 class ProbeCallback(Callback):
@@ -119,6 +121,7 @@ class ProbeCallback(Callback):
         self.tolerance, self.redundancy, self.seed = tolerance, redundancy, seed
         self._batches: tuple[list, list] | None = None
         self._done: set[int] = set()
+        self.seconds = 0.0  # spent probing (scoring, mask-only curves, CKA)
 
     def _data(self, trainer):
         if self._batches is None:
@@ -130,6 +133,7 @@ class ProbeCallback(Callback):
         if step in self._done:
             return
         self._done.add(step)
+        t0 = time.perf_counter()
         dev = next(model.parameters()).device
         # the random state training continues with is untouched (a DataLoader iterator draws a seed from it)
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
@@ -141,6 +145,7 @@ class ProbeCallback(Callback):
                 per_layer = [mean_off_diagonal(m) for m in head_redundancy(model, val)]
                 rows.append(["probe/redundancy", step, sum(per_layer) / len(per_layer)])
                 rows += [[f"probe/redundancy/layer{l}", step, v] for l, v in enumerate(per_layer)]
+        self.seconds += time.perf_counter() - t0
         self.sink(rows)
 
     def on_train_start(self, trainer, pl_module):

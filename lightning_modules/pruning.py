@@ -103,24 +103,48 @@ def select_heads(model, calibration: Iterable[dict], plan: PrunePlan, loss_fn: L
 
 
 @torch.no_grad()
-def evaluate_loss(model, loader, loss_fn: LossFn | None = None, max_batches: int | None = None) -> dict:
-    """Mean per-token loss (nats/token, or the distillation distance) and its exponential."""
+def evaluate_loss(model, loader, loss_fn: LossFn | None = None, max_batches: int | None = None,
+                  per_window: bool = False) -> dict:
+    """Mean per-token loss (nats/token, or the distillation distance), its exponential and the token count."""
     from .lm import evaluate
 
-    return evaluate(model, loader, max_batches=max_batches, loss_fn=loss_fn)
+    return evaluate(model, loader, max_batches=max_batches, loss_fn=loss_fn, per_window=per_window)
+
+
+def curve_points(heads: list[int], scope: str = "per_layer", nominal=CURVE_RATIOS) -> list[tuple[float, float]]:
+    """The points of a mask-only prune curve as (ratio to ask `heads_to_keep` for, fraction of heads it removes).
+
+    Heads are whole, so a nominal ratio removes what rounding lets it: with 8 heads per layer 0.2 and 0.3 both
+    remove 2 (25%). Every nominal ratio is mapped to the fraction it achieves and duplicates are dropped, so a
+    curve (and the prunable fraction read off it) is indexed by the fraction actually removed."""
+    total = sum(heads)
+    seen, out = set(), []
+    for r in nominal:
+        if scope == "per_layer":
+            removed = sum(min(heads_removed(n, r), n - 1) for n in heads)
+        else:
+            removed = min(heads_removed(total, r), total - len(heads))
+        if removed in seen:
+            continue
+        seen.add(removed)
+        out.append((r, removed / total))
+    return out
 
 
 def prune_curve(model, scores: torch.Tensor, loaders: dict, scope: str = "per_layer", loss_fn: LossFn | None = None,
                 ratios=CURVE_RATIOS) -> list[dict]:
-    """Mask-only curve: loss on every eval set at each ratio, with the same ranking and no fine-tune (cheap: no
-    re-scoring, no training)."""
+    """Mask-only curve: loss on every eval set at each achievable fraction of heads removed (`curve_points` of the
+    nominal `ratios`), with the same ranking and no fine-tune (cheap: no re-scoring, no training). Each row's
+    `ratio` is the fraction removed; `nominal` the ratio that produced it."""
     heads = layer_heads(model)
     gate = head_gate(model)
     out = []
-    for r in ratios:
+    for r, fraction in curve_points(heads, scope, ratios):
         keep = heads_to_keep(scores, heads, r, scope, clamp=True)
         gate.mask(keep, device=next(model.parameters()).device)
-        row = {"ratio": r, "fraction_removed": 1 - sum(map(len, keep)) / sum(heads)}
+        removed = 1 - sum(map(len, keep)) / sum(heads)
+        assert abs(removed - fraction) < 1e-9, (removed, fraction)
+        row = {"ratio": fraction, "nominal": r, "fraction_removed": fraction}
         for name, loader in loaders.items():
             row[name] = evaluate_loss(model, loader, loss_fn)["loss"]
         out.append(row)
@@ -181,8 +205,9 @@ def measure_latency(model, batch: dict, repeats: int = 20, warmup: int = 3) -> f
 
 
 def finetune(model, data, steps: int, lr: float, base: TrainConfig, loss_fn: LossFn | None = None,
-             progress: bool = False):
-    """Recovery fine-tune of a (physically pruned) model for `steps` steps with the LightningModule."""
+             progress: bool = False, clock=None):
+    """Recovery fine-tune of a (physically pruned) model for `steps` steps with the LightningModule, on the first
+    batches of the seeded training order. `clock` (a train.TrainClock) adds up the seconds inside training steps."""
     if steps <= 0:
         return model
     from .lm import HeadroomLM
@@ -196,59 +221,142 @@ def finetune(model, data, steps: int, lr: float, base: TrainConfig, loss_fn: Los
     data.train_cfg = cfg
     data.samples_consumed = 0
     try:
-        build_trainer(cfg, None, progress=progress).fit(lm, datamodule=data)
+        build_trainer(cfg, None, progress=progress, callbacks=[clock] if clock is not None else ()).fit(
+            lm, datamodule=data)
     finally:
         data.train_cfg = saved
     return lm.model.eval()
 
 
+class _Timer:
+    """Seconds per kind of work: what a trial spends in scoring, evaluation and training steps."""
+
+    def __init__(self):
+        self.s: dict[str, float] = {"score_s": 0.0, "eval_s": 0.0, "train_s": 0.0, "latency_s": 0.0}
+
+    def __call__(self, kind: str):
+        timer = self
+
+        class _Span:
+            def __enter__(self):
+                self.t = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.s[kind] += time.perf_counter() - self.t
+
+        return _Span()
+
+
+def _windows(result: dict) -> dict:
+    """Pop the per-window arrays of an evaluate(per_window=True) result (they travel apart from the metrics)."""
+    return {"loss": result.pop("window_loss"), "tokens": result.pop("window_tokens")}
+
+
 # --------------------------------------------------------------------------------------------- the run
 
+RANDOM_DRAWS = 4  # extra random choices a `random` prune evaluates besides its own
 
-def run_prune(model, data, plan: PrunePlan, *, eval_batches: int = 16, calibration_batches: int = 8,
-              loss_fn: LossFn | None = None, latency_batch_size: int = 16, latency_repeats: int = 20,
-              curve: bool = True, progress: bool = False, method_options: dict | None = None):
+
+def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, calibration_batches: int = 8,
+              curve_batches: int | None = None, loss_fn: LossFn | None = None, latency_batch_size: int = 16,
+              latency_repeats: int = 20, curve: bool = True, progress: bool = False,
+              method_options: dict | None = None, dense_eval: dict | None = None, random_draws: int = RANDOM_DRAWS):
     """The whole prune stage on one model: score on calibration, choose, evaluate masked (before fine-tune),
-    remove physically, fine-tune, evaluate again, count and time. Returns (pruned model, scores, metrics)."""
+    remove physically, fine-tune (choosing its rate on val when the plan gives a grid), evaluate again, count and
+    time. Returns (pruned model, scores, metrics).
+
+    eval_batches None evaluates every clean window of each split (up to the stated cap); `curve_batches` bounds
+    the mask-only curve's evaluation (default: the same). `dense_eval` ({split: evaluate() result}) is the dense
+    model's evaluation on exactly these windows when the caller has it already (a sweep's train trial measured
+    it); otherwise it is measured here. metrics["windows"] holds per-window losses before and after fine-tune."""
+    t_start = time.perf_counter()
+    timer = _Timer()
     model.eval()
     loss_fn = loss_fn or default_loss(model)
     dense_teacher = getattr(loss_fn, "teacher", None)
     heads = layer_heads(model)
     sets = ["val", *data.eval_sets]
     loaders = {s: data.loader(s, eval_batches) for s in sets}
+    # the mask-only curve is read on the eval sets (the validation split chooses, it does not report)
+    curve_sets = [s for s in sets if s != "val"] or sets
+    curve_loaders = {s: loaders[s] if curve_batches is None else data.loader(s, curve_batches) for s in curve_sets}
     calib = list(data.loader("calibration", calibration_batches))
     if len(calib) == 0 or calib[0]["input_ids"].shape[0] < data.train_cfg.batch_size:
         raise HeadroomInputError("calibration split is shorter than one batch")
     seq_len = calib[0]["input_ids"].shape[1]
 
-    dense = {s: evaluate_loss(model, l, loss_fn) for s, l in loaders.items()}
-    keep, scores = select_heads(model, calib, plan, loss_fn=loss_fn, **(method_options or {}))
+    with timer("eval_s"):
+        if dense_eval is not None and all(s in dense_eval for s in sets):
+            dense = {s: {k: dense_eval[s][k] for k in ("loss", "ppl", "tokens")} for s in sets}
+        else:
+            dense = {s: evaluate_loss(model, l, loss_fn) for s, l in loaders.items()}
+    with timer("score_s"):
+        keep, scores = select_heads(model, calib, plan, loss_fn=loss_fn, **(method_options or {}))
     gate = head_gate(model)
     dev = next(model.parameters()).device
     gate.mask(keep, device=dev)
-    pre_ft = {s: evaluate_loss(model, l, loss_fn) for s, l in loaders.items()}
+    with timer("eval_s"):
+        pre_ft = {s: evaluate_loss(model, l, loss_fn, per_window=True) for s, l in loaders.items()}
+    windows = {"pre_ft": {s: _windows(v) for s, v in pre_ft.items()}}
     lat_batch = next(iter(data.loader("val", 1, batch_size=latency_batch_size)))
-    latency = {"masked": measure_latency(model, lat_batch, latency_repeats)}
-    gate.clear()
-    latency["dense"] = measure_latency(model, lat_batch, latency_repeats)
-    curve_rows = prune_curve(model, scores, loaders, plan.scope, loss_fn) if curve else []
+    with timer("latency_s"):
+        latency = {"masked": measure_latency(model, lat_batch, latency_repeats)}
+        gate.clear()
+        latency["dense"] = measure_latency(model, lat_batch, latency_repeats)
+    random_baseline = {}
+    if plan.method == "random" and plan.schedule == "one_shot" and random_draws > 0:
+        with timer("eval_s"):
+            random_baseline = _random_baseline(model, plan, heads, loaders, pre_ft, loss_fn, random_draws)
+    with timer("eval_s"):
+        curve_rows = prune_curve(model, scores, curve_loaders, plan.scope, loss_fn) if curve else []
     dense_cost = {"params": count_parameters(model), "flops": forward_flops(model, seq_len)}
 
     pruned = copy.deepcopy(model)
     if dense_teacher is model:  # distillation keeps the unpruned model as its teacher
         loss_fn.teacher = copy.deepcopy(model).eval()
     prune_heads(pruned, keep)
-    latency["pruned"] = measure_latency(pruned, lat_batch, latency_repeats)
-    after_prune = {s: evaluate_loss(pruned, l, loss_fn) for s, l in loaders.items()}
-    pruned = finetune(pruned, data, plan.finetune_steps, plan.finetune_lr, data.train_cfg, loss_fn, progress)
-    final = {s: evaluate_loss(pruned, l, loss_fn) for s, l in loaders.items()} if plan.finetune_steps else after_prune
+    with timer("latency_s"):
+        latency["pruned"] = measure_latency(pruned, lat_batch, latency_repeats)
+    finetuned = {}
+    with timer("eval_s"):
+        # the physically pruned model before fine-tune: equal to the masked one (checked on val when fine-tuning
+        # follows, on every set when it does not)
+        after_prune = {s: evaluate_loss(pruned, l, loss_fn, per_window=not plan.finetune_steps)
+                       for s, l in loaders.items() if plan.finetune_steps == 0 or s == "val"}
+    if plan.finetune_steps:
+        from .train import TrainClock
+
+        clock = TrainClock()
+        grid, val_of = {}, {}
+        for lr in plan.finetune_lrs:
+            candidate = copy.deepcopy(pruned)
+            candidate = finetune(candidate, data, plan.finetune_steps, lr, data.train_cfg, loss_fn, progress, clock)
+            timer.s["train_s"] += clock.seconds
+            clock.seconds = 0.0
+            with timer("eval_s"):
+                val_of[lr] = evaluate_loss(candidate, loaders["val"], loss_fn, per_window=True)
+            grid[lr] = val_of[lr]["loss"]
+            finetuned[lr] = candidate
+        best = min(grid, key=lambda lr: (grid[lr], lr))  # chosen on the validation split
+        pruned = finetuned[best]
+        with timer("eval_s"):  # val: measured already, when the rate was chosen
+            final = {s: val_of[best] if s == "val" else evaluate_loss(pruned, l, loss_fn, per_window=True)
+                     for s, l in loaders.items()}
+        finetune_info = {"lr": best, "source": "fixed" if plan.finetune_lr is not None else "val-grid",
+                         "grid": {f"{lr:.6g}": v for lr, v in grid.items()}}
+    else:
+        final = after_prune
+        finetune_info = {"lr": None, "source": "none", "grid": {}}
+    windows["final"] = {s: _windows(v) for s, v in final.items()}
     pruned_cost = {"params": count_parameters(pruned), "flops": forward_flops(pruned, seq_len)}
+    timer.s["total_s"] = time.perf_counter() - t_start
     metrics = {
         "plan": plan.model_dump(mode="json"),
         "heads_dense": heads,
         "heads_kept": [len(k) for k in keep],
         "kept": keep,
         "loss": {"dense": dense, "pre_ft": pre_ft, "pruned_no_ft": after_prune, "final": final},
+        "finetune": finetune_info,
         "params": {"dense": dense_cost["params"], "pruned": pruned_cost["params"]},
         "flops_per_token": {"dense": dense_cost["flops"], "pruned": pruned_cost["flops"]},
         "latency_ms": latency,
@@ -256,5 +364,27 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int = 16, calibrati
         "scores": [[None if math.isnan(x) else x for x in row] for row in scores.tolist()],
         "prune_curve": curve_rows,
         "loss_kind": "lm" if loss_fn.__class__.__name__ != "Distillation" else f"distill-{loss_fn.kind}",
+        "timing": timer.s,
+        "windows": windows,
+        "random_baseline": random_baseline,
     }
     return pruned, scores, metrics
+
+
+
+def _random_baseline(model, plan: PrunePlan, heads: list[int], loaders: dict, own: dict, loss_fn,
+                     draws: int) -> dict:
+    """{eval set: {"loss": mean masked loss over 1 + `draws` random choices, "draws": [each choice's loss, its own
+    first]}} on the eval sets (not val).
+    The extra choices are seeded apart from the trial's own (seed·1000 + k), the same for every run of a seed."""
+    gate = head_gate(model)
+    dev = next(model.parameters()).device
+    sets = [s for s in loaders if s != "val"]
+    losses = {s: [own[s]["loss"]] for s in sets}
+    for k in range(1, draws + 1):
+        scores = score_heads(model, [], "random", loss_fn=loss_fn, seed=plan.seed * 1000 + k)
+        gate.mask(heads_to_keep(scores, heads, plan.ratio, plan.scope), device=dev)
+        for s in sets:
+            losses[s].append(evaluate_loss(model, loaders[s], loss_fn)["loss"])
+    gate.clear()
+    return {s: {"loss": statistics.fmean(v), "draws": v} for s, v in losses.items()}

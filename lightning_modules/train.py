@@ -20,11 +20,13 @@ from .lm import HeadroomLM, evaluate, resolve_precision
 from .models import save_model
 
 
-class _TrainClock(Callback):
-    """Wall time inside training steps only (no validation, no checkpointing): the honest tokens/s."""
+class TrainClock(Callback):
+    """Wall time inside training steps only (no validation, no checkpointing): the honest tokens/s. Also the time
+    inside validation loops (`val_seconds`): the two kinds of work a training run is for."""
 
     def __init__(self):
         self.seconds, self.steps, self._t = 0.0, 0, 0.0
+        self.val_seconds, self._v = 0.0, 0.0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._t = time.perf_counter()
@@ -33,12 +35,19 @@ class _TrainClock(Callback):
         self.seconds += time.perf_counter() - self._t
         self.steps += 1
 
+    def on_validation_epoch_start(self, trainer, pl_module):
+        self._v = time.perf_counter()
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        self.val_seconds += time.perf_counter() - self._v
+
 
 @dataclass
 class TrainResult:
     lm: HeadroomLM
     data: HeadroomData
     metrics: dict = field(default_factory=dict)
+    windows: dict = field(default_factory=dict)  # split -> {"loss": [per window], "tokens": [per window]}
 
 
 def build_trainer(train_cfg: TrainConfig, checkpoint_dir: str | os.PathLike | None, *, callbacks=(),
@@ -83,7 +92,7 @@ def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfi
     lm = HeadroomLM(model_cfg.model_dump(mode="json"), train_cfg.model_dump(mode="json"), pad_id=tok.pad_id,
                     eos_id=tok.eos_id, meta={"corpus_hash": dm.corpus_hash, "data": data_cfg.model_dump(mode="json"),
                                              "tokenizer": tok.name})
-    clock = _TrainClock()
+    clock = TrainClock()
     trainer = build_trainer(train_cfg, checkpoint_dir, callbacks=[clock, *callbacks], logger=logger,
                             progress=progress, checkpoint_every=checkpoint_every)
     t0 = time.time()
@@ -94,13 +103,22 @@ def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfi
     if checkpoint_dir is not None:
         # the rolling checkpoint is written every k steps; the final state must be the one on disk
         trainer.save_checkpoint(str(Path(checkpoint_dir) / "last.ckpt"))
+    t_eval = time.perf_counter()
     metrics = evaluate_all(lm.model, dm, train_cfg.eval_batches) if final_eval else {"final": {}}
+    eval_s = time.perf_counter() - t_eval
+    # per-window losses of the final evaluation travel apart from the metrics (trainables write them to a file)
+    windows = {s: {"loss": v.pop("window_loss"), "tokens": v.pop("window_tokens")}
+               for s, v in metrics["final"].items() if "window_loss" in v}
     tokens = clock.steps * train_cfg.batch_size * train_cfg.seq_len
     counts = param_counts(model_cfg)
     metrics.update(
         steps=int(trainer.global_step),
         tokens_per_s=tokens / max(clock.seconds, 1e-9),
         train_seconds=wall,
+        # seconds in training steps and in evaluation (validation during training, the final evaluation); what
+        # else the run spent (framework setup, checkpoints) is the rest of train_seconds
+        timing={"train_s": clock.seconds, "eval_s": clock.val_seconds + eval_s},
+        eval_windows={s: dm.eval_windows(s, train_cfg.eval_batches) for s in metrics["final"]},
         params=counts.total,
         params_attention=counts.attention,
         flops_per_token=flops_per_token(model_cfg, train_cfg.seq_len).total,
@@ -112,12 +130,13 @@ def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfi
         train_config=train_cfg.model_dump(mode="json"),
         data_config=data_cfg.model_dump(mode="json"),
     )
-    return TrainResult(lm, dm, metrics)
+    return TrainResult(lm, dm, metrics, windows)
 
 
-def evaluate_all(model, dm: HeadroomData, n_batches: int) -> dict:
-    """{"final": {split: {"loss", "ppl", "tokens"}}} for val and every eval set."""
-    return {"final": {s: evaluate(model, dm.loader(s, n_batches)) for s in ["val", *dm.eval_sets]}}
+def evaluate_all(model, dm: HeadroomData, n_batches: int | None) -> dict:
+    """{"final": {split: {"loss", "ppl", "tokens", "window_loss", "window_tokens"}}} for val and every eval set
+    (n_batches None: every clean window of each, up to the stated cap)."""
+    return {"final": {s: evaluate(model, dm.loader(s, n_batches), per_window=True) for s in ["val", *dm.eval_sets]}}
 
 
 def write_run(result: TrainResult, out_dir: str | os.PathLike, checkpoint: str | os.PathLike | None) -> None:

@@ -42,7 +42,7 @@ def xs_decoder_run(tmp_path_factory, cache_dir) -> Path:
     """`headroom train` on the embedded stdlib corpus: the xs decoder every test shares."""
     out = tmp_path_factory.mktemp("xs-decoder") / "run"
     r = headroom("train", "--scale", "xs", "--family", "decoder", "--steps", TRAIN_STEPS, "--seed", 0,
-                 "--out", out, "--quiet")
+                 "--eval-batches", 16, "--out", out, "--quiet")
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 
@@ -58,5 +58,5 @@ def xs_encoder(cache_dir):
     from lightning_modules.config import DataConfig, model_config_for, train_config_for
     from lightning_modules.train import train_lm
 
-    return train_lm(model_config_for("xs", "encoder"), train_config_for("xs", steps=ENCODER_STEPS, seed=0),
+    return train_lm(model_config_for("xs", "encoder"), train_config_for("xs", steps=ENCODER_STEPS, seed=0, eval_batches=16),
                     DataConfig(), progress=False)

@@ -25,7 +25,7 @@ def _bad_inputs(tmp):
     return {
         "unknown scale": ["--scale", "xxl"],
         "unknown family": ["--family", "seq2seq"],
-        "heads not dividing d_model": ["--heads", "6", "--head-dim", "auto"],
+        "heads too many for a wide head": ["--heads", "40", "--head-dim", "auto"],
         "seq len beyond max_seq_len": ["--seq-len", "1000"],
         "missing data path": ["--data", f"path:{tmp}/nowhere/*.txt"],
         "empty corpus": ["--data", f"path:{tmp}/empty/*.txt"],
@@ -78,10 +78,15 @@ def test_train_writes_a_complete_run(xs_decoder_run, xs_decoder_metrics):
 
 
 def test_scratch_e_and_wide_architectures_train(tmp_path):
-    """--heads keeps the preset head_dim (Scratch-E); --head-dim auto is the wide control."""
-    for args, heads, hd in ((["--heads", "4"], 4, 8), (["--heads", "4", "--head-dim", "auto"], 4, 16)):
-        out = tmp_path / f"h{heads}-{hd}"
-        r = headroom("train", "--scale", "xs", "--steps", "3", "--val-every", "3", "--quiet", "--out", out, *args)
+    """--heads keeps the preset head_dim (Scratch-E); --head-dim auto is the wide control, also where the heads do
+    not divide d_model (6 heads of d_model 64: 10 dimensions each), for both families."""
+    cases = ((["--heads", "4"], 4, 8), (["--heads", "4", "--head-dim", "auto"], 4, 16),
+             (["--heads", "6", "--head-dim", "auto"], 6, 10),
+             (["--heads", "6", "--head-dim", "auto", "--family", "encoder"], 6, 10))
+    for args, heads, hd in cases:
+        out = tmp_path / f"h{heads}-{hd}-{len(args)}"
+        r = headroom("train", "--scale", "xs", "--steps", "3", "--val-every", "3", "--eval-batches", "1", "--quiet",
+                     "--out", out, *args)
         assert r.returncode == 0, r.stderr[-2000:]
         cfg = json.loads((out / "metrics.json").read_text())["model_config"]
         assert (cfg["n_heads"], cfg["head_dim"]) == (heads, hd)

@@ -50,11 +50,17 @@ def test_wide_and_scratch_e_architectures():
     assert (scratch_e.n_heads, scratch_e.head_dim) == (4, 16)
     wide = model_config_for("s", n_heads=4, head_dim="auto")
     assert (wide.n_heads, wide.head_dim) == (4, 32) == (4, wide_head_dim(128, 4))
+    # an uneven division: the largest even head size that fits (RoPE rotates pairs), never wider than d_model
+    assert wide_head_dim(128, 6) == 20 and wide_head_dim(64, 6) == 10 and wide_head_dim(768, 12) == 64
+    assert wide_head_dim(128, 3) == 42 and 3 * 42 <= 128
+    with pytest.raises(HeadroomInputError, match="less than 2"):
+        wide_head_dim(64, 40)
 
 
-def test_head_dim_auto_must_divide():
-    with pytest.raises(HeadroomInputError, match="does not divide"):
-        model_config_for("xs", n_heads=6, head_dim="auto")
+def test_head_dim_auto_is_the_wide_rule():
+    # `auto` is the wide control's head size: an even number, whether or not the heads divide d_model
+    assert model_config_for("xs", n_heads=6, head_dim="auto").head_dim == 10
+    assert model_config_for("s", n_heads=4, head_dim="auto").head_dim == 32
     with pytest.raises(ValueError, match="does not divide"):
         ModelConfig(d_model=64, n_layers=1, n_heads=6, d_ff=8, max_seq_len=8)
 
