@@ -51,7 +51,7 @@ def naive_trial(config):
                       callbacks=[history, ReportAtValidation(history)])
     run_prune(result.lm.model.eval(), result.data, PrunePlan(**unit.plan),
               eval_batches=unit.train_config().eval_batches, calibration_batches=unit.calibration_batches,
-              curve=unit.curve)
+              curve=unit.curve, curve_batches=unit.curve_batches)
     tune.report({"work_s": time.time() - t0})
 
 
@@ -98,10 +98,10 @@ def main() -> int:
         # the naive grid, in the same Ray session, with the same units
         from ray import tune
 
-        from lightning_modules.corpus import data_hash_of
+        from lightning_modules.corpus import data_identity
 
-        corpus = data_hash_of(sweep.data)
-        dense_units = [u for u in train_units(sweep, corpus) if u.arm == "dense"]
+        ident = data_identity(sweep.data)
+        dense_units = [u for u in train_units(sweep, ident.data_hash, None, ident.vocab_size) if u.arm == "dense"]
         by_key = {u.key: u for u in dense_units}
         grid = [{"dense": by_key[p.dense_key].to_dict(), "unit": p.to_dict()} for p in prune_units(sweep, dense_units)]
         tuner = tune.Tuner(

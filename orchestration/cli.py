@@ -55,12 +55,13 @@ def _head_dim(s: str):
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train one model at a preset scale and head count",
                        description="Train one model. --heads keeps the preset's head_dim (the Scratch-E "
-                                   "architecture of a pruned model); --head-dim overrides it (auto = "
-                                   "d_model // heads, the 'wide' control).")
+                                   "architecture of a pruned model); --head-dim overrides it (auto: the largest "
+                                   "even size with heads x head_dim <= d_model, the 'wide' control).")
     p.add_argument("--scale", default="xs", help=f"one of {', '.join(SCALES)} (default xs)")
     p.add_argument("--family", default="decoder", help=f"one of {', '.join(FAMILIES)} (default decoder)")
     p.add_argument("--heads", type=_positive_int, help="heads per layer (default: the scale's)")
-    p.add_argument("--head-dim", type=_head_dim, help="head size, or auto for d_model // heads")
+    p.add_argument("--head-dim", type=_head_dim,
+                   help="head size, or auto for the wide control's (the largest even size that fits d_model)")
     p.add_argument("--steps", type=_positive_int)
     p.add_argument("--batch-size", type=_positive_int)
     p.add_argument("--seq-len", type=_positive_int)
@@ -70,6 +71,8 @@ def _add_train(sub) -> None:
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--precision", choices=["auto", "32-true", "bf16-mixed", "16-mixed"])
     p.add_argument("--val-every", type=_positive_int)
+    p.add_argument("--eval-batches", type=_positive_int,
+                   help="batches of each eval set at the end (default: every window of it, up to 2^20 tokens)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default="stdlib", help="stdlib | path:GLOB | hf:NAME[:CONFIG] | mqar")
     p.add_argument("--shift", help="a second source for the shifted eval set (path:GLOB or hf:NAME)")
@@ -111,7 +114,10 @@ def _add_prune(sub) -> None:
                    help="remove STEP of the heads at a time, re-scoring in between (default: one shot)")
     p.add_argument("--finetune-steps", type=int, default=0)
     p.add_argument("--finetune-lr", type=float, default=3e-4)
-    p.add_argument("--eval-batches", type=_positive_int, default=16)
+    p.add_argument("--eval-batches", type=_positive_int,
+                   help="batches of each eval set (default: every window of it, up to 2^20 tokens)")
+    p.add_argument("--curve-batches", type=_positive_int, default=8,
+                   help="batches per point of the mask-only prune curve (default 8)")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
     p.add_argument("--quiet", action="store_true")
     _add_data_args(p)
@@ -132,6 +138,11 @@ def _add_sweep(sub) -> None:
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the sweep's, else sqlite:///mlflow.db)")
     p.add_argument("--storage", help="Ray Tune storage: a path shared by all nodes, or s3://... (default ./ray_results)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--plan", action="store_true",
+                   help="plan every unit and build its model on the meta device, print one row per unit (stage, "
+                        "arm, heads, head_dim, lr, steps, tokens, params, FLOPs, estimated cost) and exit; "
+                        "nothing is trained or recorded")
+    p.add_argument("--json", action="store_true", help="with --plan: the rows as a JSON list")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -153,6 +164,7 @@ BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
                          "--max-rows", "16"],
     "prune_speed": ["--scale", "xs", "--batch-size", "2", "--seq-len", "32", "--repeats", "2", "--warmup", "1"],
     "sweep_reuse": ["--tiny"],
+    "compute_share": ["--tiny"],
 }
 
 
@@ -199,7 +211,7 @@ def cmd_train(args) -> int:
     train_cfg = train_config_for(
         args.scale, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
         warmup_steps=args.warmup_steps, schedule=args.schedule, weight_decay=args.weight_decay,
-        precision=args.precision, seed=args.seed, val_every=args.val_every,
+        precision=args.precision, seed=args.seed, val_every=args.val_every, eval_batches=args.eval_batches,
     )
     check_compatible(model_cfg, train_cfg)
     try:
@@ -345,14 +357,17 @@ def cmd_prune(args) -> int:
     try:
         staging.mkdir(parents=True)
         pruned, scores, metrics = run_prune(model, data, plan, eval_batches=args.eval_batches,
+                                            curve_batches=args.curve_batches,
                                             calibration_batches=args.calibration_batches, progress=not args.quiet)
         metrics.update(checkpoint=str(args.checkpoint), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets,
                        tokenizer=data.tokenizer.name)
+        windows = metrics.pop("windows")
         save_model(pruned, staging / "model", data.tokenizer)
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (staging / "eval_windows.json").write_text(json.dumps(windows) + "\n")
         heatmap(metrics["scores"], staging / "scores.png", f"{plan.method} importance")
         if metrics["prune_curve"]:
-            prune_curve_plot(metrics["prune_curve"], ["val", *data.eval_sets], staging / "prune_curve.png",
+            prune_curve_plot(metrics["prune_curve"], data.eval_sets or ["val"], staging / "prune_curve.png",
                              f"mask-only prune curve ({plan.method}, {plan.scope})")
         if out.exists():
             out.rmdir()
@@ -365,7 +380,7 @@ def cmd_prune(args) -> int:
           f" of {metrics['heads_dense']}; {first} loss dense {loss['dense'][first]['loss']:.4f}, masked "
           f"{loss['pre_ft'][first]['loss']:.4f}, final {loss['final'][first]['loss']:.4f}; latency ms "
           + ", ".join(f"{k} {v:.2f}" for k, v in metrics["latency_ms"].items()))
-    print(f"wrote {out}/ (model/, metrics.json, scores.png, prune_curve.png)")
+    print(f"wrote {out}/ (model/, metrics.json, eval_windows.json, scores.png, prune_curve.png)")
     return 0
 
 
@@ -396,6 +411,10 @@ def cmd_sweep(args) -> int:
     from .spec import load_sweep
 
     sweep, text = load_sweep(args.file)
+    if args.json and not args.plan:
+        raise HeadroomInputError("--json: only with --plan")
+    if args.plan:
+        return _print_plan(sweep, args.json)
     uri = args.tracking_uri or sweep.tracking_uri
     if uri:
         _check_tracking_uri(uri)
@@ -406,6 +425,38 @@ def cmd_sweep(args) -> int:
 
     return run_sweep(sweep, args.file, text, resume=args.resume, address=args.address, tracking_uri=args.tracking_uri,
                      storage=args.storage, progress=not args.quiet)
+
+
+def _print_plan(sweep, as_json: bool) -> int:
+    """`headroom sweep FILE --plan [--json]`: the rows of orchestration.preflight, before any data is read."""
+    import json
+
+    from lightning_modules.corpus import planned_vocab_size
+
+    from .preflight import format_table, plan_rows
+
+    _quiet_frameworks()
+    if sweep.pretrained is not None:  # the checkpoint's own model, pruned: no architecture of ours to build
+        from .plan import pretrained_units
+
+        info = checkpoint_info(sweep.pretrained.checkpoint)
+        units = pretrained_units(sweep, sweep.families[0] if sweep.family else info.family, "plan",
+                                 info.layer_heads, "plan")
+        if as_json:
+            print(json.dumps([{"stage": u.stage, "arm": u.arm, "name": u.name, "heads": info.layer_heads,
+                               "method": u.method, "ratio": u.ratio, "scope": u.scope, "seed": u.seed}
+                              for u in units], indent=1))
+        else:
+            print(f"pretrained sweep: {len(units)} prune unit(s) of {info.model_dir} ({info.model_type}, heads "
+                  f"{info.layer_heads}); nothing is trained from scratch\n" + "\n".join(u.name for u in units))
+        return 0
+    vocab, how = planned_vocab_size(sweep.data)
+    rows = plan_rows(sweep, "plan", vocab)
+    if as_json:
+        print(json.dumps([r.to_json() for r in rows], indent=1))
+    else:
+        print(format_table(rows, f"{vocab} ({how})"))
+    return 0
 
 
 def cmd_report(args) -> int:
@@ -465,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("headroom: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `headroom sweep FILE --plan | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

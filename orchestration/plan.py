@@ -13,8 +13,10 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from lightning_modules.config import (
+    BYTE_VOCAB_SIZE,
     SCALES,
     DataConfig,
+    HeadroomInputError,
     ModelConfig,
     PrunePlan,
     TrainConfig,
@@ -36,6 +38,22 @@ DONE = "headroom_done"  # 1 on a unit's final report
 WORK = "work_s"  # seconds of the unit's own work in this attempt (framework imports excluded)
 RESUMED = "resumed_at_step"  # the step a train trial started from (0: from scratch)
 LIGHTNING_FILE = "checkpoint"  # the Lightning checkpoint's file name inside a Tune checkpoint
+WINDOWS_FILE = "eval_windows.json"  # per-window losses of a unit's evaluations (an artifact the report reads)
+WORK_KINDS = ("train_s", "eval_s", "score_s")  # cost/<kind>: seconds of a unit in training, evaluation, scoring steps
+
+
+def compute_share(metrics: list[dict]) -> dict | None:
+    """Of the trial seconds of these runs (cost/wall_s), the share spent in training, evaluation and scoring
+    steps, in all and by kind; None when no run recorded them. The rest is framework setup, data preparation,
+    checkpoints and Tune's bookkeeping."""
+    wall = sum(m.get("cost/wall_s", 0.0) for m in metrics if "cost/train_s" in m)
+    if not wall:
+        return None
+    by = {k: sum(m.get(f"cost/{k}", 0.0) for m in metrics if "cost/train_s" in m) / wall for k in WORK_KINDS}
+    return {"share": sum(by.values()), **by, "trial_s": wall,
+            "trials": sum(1 for m in metrics if "cost/train_s" in m)}
+
+
 TAG_FIELDS = ("stage", "arm", "scale", "family", "heads", "method", "ratio", "scope", "schedule", "seed", "key")
 
 
@@ -59,7 +77,9 @@ class Unit:
     dense_key: str | None = None  # the dense unit a prune unit or a global-scope control derives from
     calibration_batches: int = 8
     curve: bool = True
+    curve_batches: int | None = None  # batches per point of the mask-only curve (None: the eval budget)
     probes: dict | None = None  # ProbeSpec + tolerance (dense train units of a sweep with `probes`)
+    lr_source: str = "preset"  # where train.lr came from: preset | sweep | searched | searched:<arch> (see lr_for)
     key: str = ""
 
     def with_key(self) -> "Unit":
@@ -72,7 +92,7 @@ class Unit:
         """Run name: what the MLflow UI lists, sortable by scale, family, arm, method, ratio, seed."""
         parts = [self.scale, self.family, self.arm]
         if self.stage == "lr_search":
-            parts = [self.scale, self.family, "lr", f"{self.train['lr']:.2e}"]
+            parts = [self.scale, self.family, "lr", arch_key(self.model_config()), f"{self.train['lr']:.2e}"]
         else:
             if self.method != NONE:
                 parts.append(self.method)
@@ -95,13 +115,17 @@ class Unit:
 
     def params(self) -> dict[str, str]:
         """MLflow params: the numbers a reader compares runs by (the UI's columns)."""
-        p = {"steps": self.train["steps"], "lr": self.train["lr"], "batch_size": self.train["batch_size"],
-             "seq_len": self.train["seq_len"], "corpus_hash": self.corpus_hash, "data": self.data["source"]}
+        p = {"steps": self.train["steps"], "lr": self.train["lr"], "lr_source": self.lr_source,
+             "batch_size": self.train["batch_size"], "seq_len": self.train["seq_len"], "corpus_hash": self.corpus_hash,
+             "data": self.data["source"]}
         if self.model:
             p.update(d_model=self.model["d_model"], n_layers=self.model["n_layers"], head_dim=self.model["head_dim"],
-                     n_heads=self.model["n_heads"])
+                     n_heads=self.model["n_heads"], vocab_size=self.model["vocab_size"])
         if self.plan:
-            p.update(finetune_steps=self.plan["finetune_steps"], finetune_lr=self.plan["finetune_lr"],
+            fixed = self.plan["finetune_lr"]
+            p.update(finetune_steps=self.plan["finetune_steps"],
+                     finetune_lr=fixed if fixed is not None else "val-grid",
+                     finetune_lr_grid=",".join(f"{x:.3g}" for x in self.plan["finetune_lr_grid"]) or "none",
                      calibration_batches=self.calibration_batches)
         return {k: str(v) for k, v in p.items()}
 
@@ -134,23 +158,65 @@ def _train_cfg(sweep: Sweep, scale: str, seed: int, lr: float | None, steps: int
                             **sc.overrides.model_dump(exclude_none=True))
 
 
-def lr_for(sweep: Sweep, scale: str, family: str, searched: dict | None = None) -> float:
-    """The learning rate of every training run at (scale, family): the searched best, the sweep's, or the preset."""
-    if searched and (scale, family) in searched:
-        return searched[(scale, family)]
+def arch_key(model: ModelConfig) -> str:
+    """An architecture trained from scratch, as the learning-rate search knows it: heads × head_dim ("4x16"; per
+    layer counts "3,4,5x16")."""
+    return f"{_heads(list(model.layer_heads))}x{model.head_dim}"
+
+
+def scratch_architectures(sweep: Sweep, scale: str, family: str, vocab_size: int = BYTE_VOCAB_SIZE
+                          ) -> dict[str, tuple[str, ModelConfig]]:
+    """Every architecture the sweep trains from scratch at (scale, family), by arch_key: (the arm it is, model).
+    The dense model; for each ratio the Scratch-E/B shape (the kept heads at the dense head_dim) and the wide
+    shape. Global-scope controls copy per-layer counts known only after pruning; they take the rate of the
+    uniform Scratch-E/B shape of their ratio (the same heads in all, spread evenly)."""
+    h = sweep.dense_heads(scale)
+    dense = model_config_for(scale, family, n_heads=h, vocab_size=vocab_size)
+    out = {arch_key(dense): ("dense", dense)}
+    for ratio in sweep.prune.ratios:
+        k = heads_kept(h, ratio)
+        if {"scratch_e", "scratch_b"} & set(sweep.controls):  # one architecture: Scratch-E and -B share it
+            small = model_config_for(scale, family, n_heads=k, vocab_size=vocab_size)
+            out.setdefault(arch_key(small), ("scratch_e", small))
+        if "wide" in sweep.controls:
+            wide = _wide_model(scale, family, k, vocab_size, f"{scale}-{family}-wide-r{ratio:g} (lr search)")
+            out.setdefault(arch_key(wide), ("wide", wide))
+    return out
+
+
+def _wide_model(scale: str, family: str, k: int, vocab_size: int, what: str) -> ModelConfig:
+    """The `wide` architecture of k heads; a shape it cannot have raises naming the unit (`what`)."""
+    try:
+        return model_config_for(scale, family, n_heads=k, vocab_size=vocab_size,
+                                head_dim=wide_head_dim(SCALES[scale].d_model, k))
+    except HeadroomInputError as e:
+        raise HeadroomInputError(f"unit {what}: {e}") from None
+
+
+def lr_for(sweep: Sweep, scale: str, family: str, arch: str, searched: dict | None = None) -> tuple[float, str]:
+    """(learning rate, where it came from) of a run of architecture `arch` at (scale, family): the rate the search
+    found for that architecture ("searched"), the sweep's one number ("sweep"), or the scale preset's ("preset").
+    Without a search every architecture trains at the same rate, and the report says so."""
+    if searched and (scale, family, arch) in searched:
+        return searched[(scale, family, arch)], "searched"
     if sweep.lr is not None and sweep.lr.value is not None:
-        return sweep.lr.value
-    return SCALES[scale].lr
+        return sweep.lr.value, "sweep"
+    return SCALES[scale].lr, "preset"
 
 
-def lr_search_base(sweep: Sweep, scale: str, family: str, corpus_hash: str) -> Unit:
-    """The template of one lr_search candidate (its `train.lr` is set per Optuna sample by `lr_candidate`)."""
+def lr_search_bases(sweep: Sweep, corpus_hash: str, vocab_size: int = BYTE_VOCAB_SIZE) -> list[Unit]:
+    """Templates of the lr_search candidates, one per architecture trained from scratch (each searched with the
+    same trials and steps; a candidate's `train.lr` is set per Optuna sample by `lr_candidate`)."""
     s = sweep.lr.search
-    train = _train_cfg(sweep, scale, s.seed, SCALES[scale].lr, steps=s.steps)
-    model = model_config_for(scale, family, n_heads=sweep.dense_heads(scale))
-    return Unit("lr_search", "dense", scale, family, s.seed, model.model_dump(mode="json"),
-                train.model_dump(mode="json"), sweep.data.model_dump(mode="json"), corpus_hash,
-                _heads(model.n_heads)).with_key()
+    out = []
+    for scale in sweep.scales:
+        for family in sweep.families:
+            for arch, (arm, model) in scratch_architectures(sweep, scale, family, vocab_size).items():
+                train = _train_cfg(sweep, scale, s.seed, SCALES[scale].lr, steps=s.steps)
+                out.append(Unit("lr_search", arm, scale, family, s.seed, model.model_dump(mode="json"),
+                                train.model_dump(mode="json"), sweep.data.model_dump(mode="json"), corpus_hash,
+                                _heads(list(model.layer_heads)), lr_source="searching").with_key())
+    return out
 
 
 def lr_candidate(base: Unit, lr: float) -> Unit:
@@ -158,78 +224,91 @@ def lr_candidate(base: Unit, lr: float) -> Unit:
 
 
 def _trained(sweep, arm, scale, family, seed, model: ModelConfig, train: TrainConfig, corpus_hash, ratio=None,
-             method=NONE, scope=NONE, schedule=NONE, dense_key=None) -> Unit:
+             method=NONE, scope=NONE, schedule=NONE, dense_key=None, lr_source="preset") -> Unit:
     probes = None
     if arm == "dense" and sweep.probes is not None:
         probes = {**sweep.probes.model_dump(mode="json"), "tolerance": sweep.prune.tolerance}
     return Unit("train", arm, scale, family, seed, model.model_dump(mode="json"), train.model_dump(mode="json"),
                 sweep.data.model_dump(mode="json"), corpus_hash, _heads(list(model.layer_heads)), method=method,
-                ratio=ratio, scope=scope, schedule=schedule, dense_key=dense_key, probes=probes).with_key()
+                ratio=ratio, scope=scope, schedule=schedule, dense_key=dense_key, probes=probes,
+                lr_source=lr_source).with_key()
 
 
-def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None) -> list[Unit]:
+def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None,
+                vocab_size: int = BYTE_VOCAB_SIZE) -> list[Unit]:
     """Stage 2: dense runs, and the controls whose architecture is known before pruning (uniform head counts of a
-    per_layer prune: Scratch-E, Scratch-B, wide). Ordered so that dense runs start first."""
+    per_layer prune: Scratch-E, Scratch-B, wide). Ordered so that dense runs start first. Models carry the
+    vocabulary actually trained (`vocab_size`, the tokenizer's), so Scratch-B's compute matches the pruned arm's.
+    `lrs` maps (scale, family, arch_key) to a searched rate."""
     dense, controls = [], []
     for scale in sweep.scales or {}:
         h = sweep.dense_heads(scale)
         for family in sweep.families:
-            lr = lr_for(sweep, scale, family, lrs)
+            model = model_config_for(scale, family, n_heads=h, vocab_size=vocab_size)
+            lr, source = lr_for(sweep, scale, family, arch_key(model), lrs)
             for seed in sweep.seeds:
-                model = model_config_for(scale, family, n_heads=h)
                 train = _train_cfg(sweep, scale, seed, lr)
-                dense.append(_trained(sweep, "dense", scale, family, seed, model, train, corpus_hash))
+                dense.append(_trained(sweep, "dense", scale, family, seed, model, train, corpus_hash,
+                                      lr_source=source))
                 if "per_layer" not in sweep.prune.scope:
                     continue
                 for ratio in sweep.prune.ratios:
                     k = heads_kept(h, ratio)
-                    small = model_config_for(scale, family, n_heads=k)
+                    small = model_config_for(scale, family, n_heads=k, vocab_size=vocab_size)
                     for arm in sweep.controls:
+                        m = small
                         if arm == "wide":
-                            m = model_config_for(scale, family, n_heads=k,
-                                                 head_dim=wide_head_dim(SCALES[scale].d_model, k))
-                            controls.append(_trained(sweep, arm, scale, family, seed, m, train, corpus_hash, ratio,
-                                                     scope="per_layer"))
-                        elif arm == "scratch_e":
-                            controls.append(_trained(sweep, arm, scale, family, seed, small, train, corpus_hash,
-                                                     ratio, scope="per_layer"))
-                        elif arm == "scratch_b":
-                            steps = scratch_b_steps(model, small, train.steps, sweep.prune.finetune_steps,
-                                                    train.seq_len)
-                            tb = train.model_copy(update={"steps": steps})
-                            controls.append(_trained(sweep, arm, scale, family, seed, small, tb, corpus_hash, ratio,
-                                                     scope="per_layer"))
+                            m = _wide_model(scale, family, k, vocab_size, f"{scale}-{family}-wide-r{ratio:g}-s{seed}")
+                        lr_c, source_c = lr_for(sweep, scale, family, arch_key(m), lrs)
+                        t = _train_cfg(sweep, scale, seed, lr_c)
+                        if arm == "scratch_b":
+                            t = t.model_copy(update={"steps": scratch_b_steps(
+                                model, m, train.steps, sweep.prune.finetune_steps, train.seq_len)})
+                        controls.append(_trained(sweep, arm, scale, family, seed, m, t, corpus_hash, ratio,
+                                                 scope="per_layer", lr_source=source_c))
     return dense + controls
 
 
-def _plans(sweep: Sweep, seed: int):
+def _plans(sweep: Sweep, seed: int, dense_lr: float | None):
     p = sweep.prune
+    grid = () if p.finetune_lr is not None or dense_lr is None else tuple(m * dense_lr for m in p.finetune_lr_grid)
     for method in p.methods:
         for ratio in p.ratios:
             for scope in p.scope:
                 for schedule in p.schedule:
                     yield PrunePlan(method=method, ratio=ratio, scope=scope, schedule=schedule, step=p.step,
-                                    finetune_steps=p.finetune_steps, finetune_lr=p.finetune_lr, seed=seed)
+                                    finetune_steps=p.finetune_steps, finetune_lr=p.finetune_lr,
+                                    finetune_lr_grid=grid if p.finetune_steps else (), seed=seed)
 
 
 def prune_units(sweep: Sweep, dense: list[Unit]) -> list[Unit]:
-    """Stage 3: one unit per (dense checkpoint × method × ratio × scope × schedule). Train once, prune many."""
+    """Stage 3: one unit per (dense checkpoint × method × ratio × scope × schedule). Train once, prune many. The
+    recovery fine-tune's rate is the sweep's `finetune_lr`, or chosen on val from `finetune_lr_grid` × the dense
+    model's own rate."""
     out = []
     for d in dense:
-        for plan in _plans(sweep, d.seed):
+        dense_lr = d.train["lr"] if d.model is not None else None  # None: a pretrained checkpoint's
+        for plan in _plans(sweep, d.seed, dense_lr):
             out.append(Unit("prune", "pruned", d.scale, d.family, d.seed, d.model, d.train, d.data, d.corpus_hash,
                             d.heads, method=plan.method, ratio=plan.ratio, scope=plan.scope,
                             schedule=plan.schedule, plan=plan.model_dump(mode="json"), dense_key=d.key,
-                            calibration_batches=sweep.prune.calibration_batches, curve=sweep.prune.curve).with_key())
+                            calibration_batches=sweep.prune.calibration_batches, curve=sweep.prune.curve,
+                            curve_batches=sweep.prune.curve_batches, lr_source=d.lr_source).with_key())
     return out
 
 
-def global_control_units(sweep: Sweep, pruned: Unit, dense: Unit, kept_per_layer: list[int]) -> list[Unit]:
-    """Controls of a `global` prune: the pruned model's exact per-layer head counts, trained from scratch."""
+def global_control_units(sweep: Sweep, pruned: Unit, dense: Unit, kept_per_layer: list[int],
+                         lrs: dict | None = None) -> list[Unit]:
+    """Controls of a `global` prune: the pruned model's exact per-layer head counts, trained from scratch, at the
+    rate of the uniform Scratch-E/B shape of the same ratio (`scratch_architectures`)."""
     out = []
     d_model = dense.model_config()
     small = d_model.with_heads(kept_per_layer)
-    train = dense.train_config()
+    uniform = d_model.with_heads(heads_kept(d_model.n_heads, pruned.ratio))
+    lr, source = lr_for(sweep, pruned.scale, pruned.family, arch_key(uniform), lrs)
+    if source == "searched":
+        source = f"searched:{arch_key(uniform)}"
+    train = dense.train_config().model_copy(update={"lr": lr})
     for arm in sweep.controls:
         if arm == "wide":
             continue  # wide is the uniform "fewer heads" config; it is planned with the per_layer controls
@@ -239,7 +318,7 @@ def global_control_units(sweep: Sweep, pruned: Unit, dense: Unit, kept_per_layer
                                                                   sweep.prune.finetune_steps, train.seq_len)})
         out.append(_trained(sweep, arm, pruned.scale, pruned.family, pruned.seed, small, t, pruned.corpus_hash,
                             pruned.ratio, method=pruned.method, scope="global", schedule=pruned.schedule,
-                            dense_key=dense.key))
+                            dense_key=dense.key, lr_source=source))
     return out
 
 

@@ -12,6 +12,8 @@ A sweep file, with the defaults of the fields it may leave out:
     data: {source: stdlib}          # lightning_modules.config.DataConfig: source, shift, tokenizer, ...
     scales:                         # preset name -> its budget (absent with `pretrained`)
       xs: {steps: 300, heads: 8, overrides: {batch_size: 16, seq_len: 128, val_every: 50}}
+                                    # overrides.eval_batches absent: every clean window of each eval set, up to
+                                    # 2^20 tokens (lightning_modules.config.EVAL_CAP_TOKENS)
     seeds: [0, 1, 2]
     prune:
       ratios: [0.5]
@@ -19,10 +21,15 @@ A sweep file, with the defaults of the fields it may leave out:
       scope: [per_layer]            # per_layer | global
       schedule: [one_shot]          # one_shot | iterative (step: fraction removed per round)
       finetune_steps: 0             # recovery fine-tune F
+      # finetune_lr: 3.0e-4         # a number fixes the fine-tune's rate; absent, it is chosen on val from:
+      finetune_lr_grid: [0.03, 0.1, 0.3]    # multiples of the dense model's learning rate
+      # curve_batches: 4            # batches per point of the mask-only curve (absent: the eval budget)
       tolerance: 0.05               # "prunable": pruned loss before fine-tune <= dense loss x (1 + tolerance)
     controls: [scratch_e, scratch_b, wide]
-    lr: 3.0e-3                      # or {search: {trials: 4, low: 1.0e-3, high: 1.0e-2, steps: 40}}; absent: preset
+    lr: 3.0e-3                      # or {search: {trials: 4, low: 1.0e-3, high: 1.0e-2, steps: 40}}: one search
+                                    # per architecture trained from scratch; absent: the scale preset's
     probes: {every: 50, method: gradient, batches: 2, redundancy: true}   # absent: no probes
+    trust: {final_drop: 0.05}       # thresholds of the report's trust diagnostics
     resources: {cpu: 1, gpu: 0}     # per trial
     retries: 2                      # Ray retries of a failed trial (it continues from its checkpoint)
     storage: ./ray_results          # or s3://bucket/prefix; CLI --storage overrides
@@ -119,10 +126,15 @@ class PruneSpec(_Strict):
     schedule: Annotated[list[Literal["one_shot", "iterative"]], NonEmpty, AfterValidator(_unique)] = ["one_shot"]
     step: float = Field(default=0.1, gt=0, le=1)  # iterative: fraction of the heads removed per round
     finetune_steps: int = Field(default=0, ge=0)
-    finetune_lr: float = Field(default=3e-4, gt=0)
+    # the recovery fine-tune's rate: a number fixes it; absent, it is chosen on the validation split from the
+    # grid below, multiples of the dense model's own learning rate
+    finetune_lr: float | None = Field(default=None, gt=0)
+    finetune_lr_grid: Annotated[list[Annotated[float, Field(gt=0)]], NonEmpty, AfterValidator(_unique)] = [
+        0.03, 0.1, 0.3]
     calibration_batches: int = Field(default=8, gt=0)
     tolerance: float = Field(default=0.05, gt=0)  # relative: pruned loss <= dense loss * (1 + tolerance)
-    curve: bool = True  # the mask-only prune curve (ratios 0..0.9)
+    curve: bool = True  # the mask-only prune curve (the achievable fractions of heads removed up to 0.9)
+    curve_batches: int | None = Field(default=None, gt=0)  # batches per point of the curve (default: eval's)
 
     _lists = field_validator("scope", "schedule", mode="before")(classmethod(lambda cls, v: _as_list(v)))
 
@@ -171,6 +183,14 @@ class ProbeSpec(_Strict):
     redundancy: bool = True  # pairwise CKA of head outputs
 
 
+class TrustSpec(_Strict):
+    """Thresholds of the report's trust diagnostics, declared before running like the tolerance."""
+
+    # "still falling fast": the dense runs' training loss, fitted by a line over the last 20% of steps, drops by
+    # more than this fraction across that stretch
+    final_drop: float = Field(default=0.05, gt=0, lt=1)
+
+
 class Resources(_Strict):
     cpu: float = Field(default=1, gt=0)
     gpu: float = Field(default=0, ge=0)
@@ -180,7 +200,7 @@ class PretrainedSpec(_Strict):
     checkpoint: str  # a `headroom train` run directory or a Hugging Face model directory
     batch_size: int = Field(default=8, gt=0)
     seq_len: int = Field(default=128, gt=1)
-    eval_batches: int = Field(default=16, gt=0)
+    eval_batches: int | None = Field(default=None, gt=0)  # None: every window of each eval set (capped)
 
 
 class Sweep(_Strict):
@@ -194,6 +214,7 @@ class Sweep(_Strict):
     controls: Annotated[list[Literal["scratch_e", "scratch_b", "wide"]], AfterValidator(_unique)] = []
     lr: LrSpec | None = None
     probes: ProbeSpec | None = None
+    trust: TrustSpec = TrustSpec()
     resources: Resources = Resources()
     retries: int = Field(default=2, ge=0)
     storage: str | None = None
@@ -346,6 +367,9 @@ def check_sweep(s: Sweep) -> None:
         except HeadroomInputError as e:
             raise HeadroomInputError(f"pretrained.checkpoint: {e}") from None
         _check_ratios(s, info.layer_heads, "the checkpoint")
+        if s.prune.finetune_steps and s.prune.finetune_lr is None:
+            raise HeadroomInputError("prune.finetune_lr: required to fine-tune a pretrained checkpoint (the grid is "
+                                     "relative to a learning rate this sweep did not train with)")
         if info.max_positions and s.pretrained.seq_len > info.max_positions:
             raise HeadroomInputError(f"pretrained.seq_len: {s.pretrained.seq_len} exceeds the checkpoint's "
                                      f"maximum {info.max_positions}")

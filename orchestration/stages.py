@@ -25,7 +25,17 @@ from pathlib import Path
 
 from lightning_modules.config import HeadroomInputError, checkpoint_info
 
-from .plan import Unit, global_control_units, lr_candidate, lr_search_base, pretrained_units, prune_units, train_units
+from .plan import (
+    Unit,
+    arch_key,
+    compute_share,
+    global_control_units,
+    lr_candidate,
+    lr_search_bases,
+    pretrained_units,
+    prune_units,
+    train_units,
+)
 from .spec import Sweep
 
 FAULT_ENV = "HEADROOM_TEST_FAULT_STEP"  # test-only: the first dense train trial to reach this step kills itself
@@ -94,6 +104,9 @@ class Sweeper:
         self.base = f"{sweep.name}-{self.hash[:8]}"
         self.resources = {"cpu": sweep.resources.cpu, "gpu": sweep.resources.gpu}
         self.missing: list[str] = []
+        self.vocab_size = 0  # set by preflight(): the tokenizer's
+        self.stage_seconds: dict[str, float] = {}  # wall time of each stage's Tuner runs
+        self.started = time.time()
 
     # ------------------------------------------------------------------------------------------- plumbing
     def say(self, msg: str) -> None:
@@ -123,7 +136,10 @@ class Sweeper:
             verbose=0,  # progress is one line per finished trial, from the tracking callback
         )
         self.say(f"{stage}: {n} trial(s) → {self.where.storage}/{name}")
+        t0 = time.time()
         tune.Tuner(fn, param_space=param_space, tune_config=tc, run_config=run_config).fit()
+        group = "lr_search" if stage.startswith("lr-") else stage
+        self.stage_seconds[group] = self.stage_seconds.get(group, 0.0) + time.time() - t0
         return cb
 
     def _ray(self) -> None:
@@ -159,8 +175,9 @@ class Sweeper:
 
     # ------------------------------------------------------------------------------------------- stages
     def lr_search(self, corpus_hash: str) -> dict:
-        """Per (scale, family): the best learning rate found by Optuna (TPE) with ASHA stopping poor trials early.
-        The study lives in an Optuna storage under the storage path, so a restarted sweep continues it."""
+        """Per (scale, family, architecture trained from scratch): the best learning rate found by Optuna (TPE)
+        with ASHA stopping poor trials early, every architecture with the same trials and steps. The studies live
+        in an Optuna storage under the storage path, so a restarted sweep continues them."""
         import optuna
         from ray import tune
         from ray.tune.schedulers import ASHAScheduler
@@ -172,30 +189,29 @@ class Sweeper:
         db = self._optuna_db()
         storage = optuna.storages.RDBStorage(f"sqlite:///{db}")
         best = {}
-        for scale in self.sweep.scales:
-            for family in self.sweep.families:
-                base = lr_search_base(self.sweep, scale, family, corpus_hash)
-                study_name = f"{self.base}-{scale}-{family}"
-                study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
-                                            load_if_exists=True)
-                complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-                remaining = s.trials - len(complete)
-                if remaining > 0:
-                    t = base.train_config()
-                    reports = math.ceil(t.steps / t.val_every) + 1
-                    searcher = OptunaSearch(metric="val/loss", mode="min", study_name=study_name, storage=storage,
-                                            sampler=optuna.samplers.TPESampler(seed=s.seed + len(complete)))
-                    sched = ASHAScheduler(time_attr="training_iteration", metric="val/loss", mode="min",
-                                          max_t=reports, grace_period=s.grace_period, reduction_factor=2)
-                    tc = tune.TuneConfig(search_alg=searcher, scheduler=sched, num_samples=remaining)
-                    self._tune(f"lr-{scale}-{family}", train_trial, {"lr": tune.loguniform(s.low, s.high)},
-                               lambda tr, b=base: lr_candidate(b, tr.config["lr"]), remaining, tc,
-                               base=base.to_dict())
-                    study = optuna.load_study(study_name=study_name, storage=storage)
-                best[(scale, family)] = float(study.best_trial.params["lr"])
-                self.say(f"lr_search {scale} {family}: best lr {best[(scale, family)]:.3g} "
-                         f"(val loss {study.best_value:.4f}, {len(study.trials)} trials)")
-        self.tracker.log_parent_params({f"best_lr/{sc}/{fa}": f"{v:.6g}" for (sc, fa), v in best.items()})
+        for base in lr_search_bases(self.sweep, corpus_hash, self.vocab_size):
+            scale, family, arch = base.scale, base.family, arch_key(base.model_config())
+            study_name = f"{self.base}-{scale}-{family}-{arch}"
+            study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
+                                        load_if_exists=True)
+            complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+            remaining = s.trials - len(complete)
+            if remaining > 0:
+                t = base.train_config()
+                reports = math.ceil(t.steps / t.val_every) + 1
+                searcher = OptunaSearch(metric="val/loss", mode="min", study_name=study_name, storage=storage,
+                                        sampler=optuna.samplers.TPESampler(seed=s.seed + len(complete)))
+                sched = ASHAScheduler(time_attr="training_iteration", metric="val/loss", mode="min",
+                                      max_t=reports, grace_period=s.grace_period, reduction_factor=2)
+                tc = tune.TuneConfig(search_alg=searcher, scheduler=sched, num_samples=remaining)
+                self._tune(f"lr-{scale}-{family}-{arch}", train_trial, {"lr": tune.loguniform(s.low, s.high)},
+                           lambda tr, b=base: lr_candidate(b, tr.config["lr"]), remaining, tc,
+                           base=base.to_dict())
+                study = optuna.load_study(study_name=study_name, storage=storage)
+            best[(scale, family, arch)] = float(study.best_trial.params["lr"])
+            self.say(f"lr_search {scale} {family} {arch}: best lr {best[(scale, family, arch)]:.3g} "
+                     f"(val loss {study.best_value:.4f}, {len(study.trials)} trials)")
+        self.tracker.log_parent_params({f"best_lr/{sc}/{fa}/{ar}": f"{v:.6g}" for (sc, fa, ar), v in best.items()})
         return best
 
     def _optuna_db(self) -> Path:
@@ -243,14 +259,25 @@ class Sweeper:
         return Unit.from_dict(trial.config["cfg"]["unit"])
 
     # ------------------------------------------------------------------------------------------- the sweep
-    def corpus_hash(self) -> str:
-        from lightning_modules.corpus import data_hash_of
+    def preflight(self) -> str:
+        """Before anything is recorded or started: the data's identity (corpus hash, the vocabulary actually
+        trained) and every unit's model built on the meta device (orchestration/preflight.py). Bad data or a unit
+        that cannot be built raises HeadroomInputError: one line, exit 2, nothing written."""
+        from lightning_modules.corpus import data_identity
 
-        return data_hash_of(self.sweep.data)
+        from .preflight import check_units
+
+        ident = data_identity(self.sweep.data)
+        self.vocab_size = ident.vocab_size
+        rows = check_units(self.sweep, ident.data_hash, ident.vocab_size)
+        if rows:
+            self.say(f"plan: {len(rows)} unit(s) checked on the meta device (vocabulary {ident.vocab_size})")
+        return ident.data_hash
 
     def run(self) -> int:
         from .tracking import Tracker
 
+        corpus_hash = self.preflight()
         self.tracker = Tracker(self.where.tracking_uri, self.sweep.name, self.hash)
         unfinished = self.tracker.unfinished_units()
         if unfinished and not self.resume:
@@ -267,7 +294,6 @@ class Sweeper:
         self.tracker.close_stale_searches()
         ok, status = False, "FAILED"
         try:
-            corpus_hash = self.corpus_hash()
             self.say(f"sweep {self.sweep.name} (spec {self.hash}), corpus {corpus_hash}; MLflow "
                      f"{self.where.tracking_uri}, experiment {self.sweep.name}")
             if self.sweep.pretrained is not None:
@@ -277,6 +303,8 @@ class Sweeper:
             ok = not self.missing and not self.tracker.unfinished_units()
             status = "FINISHED" if ok else "FAILED"
             self.summary()
+            if self.progress:
+                self.timing()
             reported = self.report()
         except KeyboardInterrupt:
             status = "KILLED"  # `--resume` continues it
@@ -296,7 +324,7 @@ class Sweeper:
 
     def _run_scales(self, corpus_hash: str) -> None:
         lrs = self.lr_search(corpus_hash) if self.sweep.lr is not None and self.sweep.lr.search else None
-        units = train_units(self.sweep, corpus_hash, lrs)
+        units = train_units(self.sweep, corpus_hash, lrs, self.vocab_size)
         self.train("train", units)
         dense = [u for u in units if u.arm == "dense"]
         pruned = self.prune(prune_units(self.sweep, dense), self._dense_uri)
@@ -311,7 +339,8 @@ class Sweeper:
                 if not self.tracker.is_finished(p.key) or not kept:
                     self.missing.append(f"{p.name}: unfinished, so its global-scope controls did not run")
                     continue
-                controls += global_control_units(self.sweep, p, by_key[p.dense_key], [int(x) for x in kept.split(",")])
+                controls += global_control_units(self.sweep, p, by_key[p.dense_key], [int(x) for x in kept.split(",")],
+                                                 lrs)
             self.train("controls", controls)
 
     def _run_pretrained(self, corpus_hash: str) -> None:
@@ -382,6 +411,19 @@ class Sweeper:
                 print("  ".join("-" * w for w in widths))
         print(f"\nMLflow: experiment {self.sweep.name!r} at {self.where.tracking_uri} "
               f"(parent run {self.tracker.parent_id})")
+
+    def timing(self) -> None:
+        """Wall time per stage, and how much of the trials' time was the work itself (train/eval/score steps)."""
+        wall = time.time() - self.started
+        if self.stage_seconds:
+            print(f"\nwall time {wall:.0f} s: " + ", ".join(f"{k} {v:.0f} s" for k, v in self.stage_seconds.items())
+                  + f", other {wall - sum(self.stage_seconds.values()):.0f} s (plan, data, Ray start, MLflow)")
+        share = compute_share([r.data.metrics for r in self.tracker.children.values()
+                               if r.info.status == "FINISHED"])
+        if share is not None:
+            print(f"compute share: {share['share']:.0%} of {share['trial_s']:.0f} trial-seconds ({share['trials']} "
+                  f"trials) in training, evaluation and scoring steps (train {share['train_s']:.0%}, eval "
+                  f"{share['eval_s']:.0%}, score {share['score_s']:.0%}); the rest is setup, data, checkpoints")
 
 
 def _checkpoint_id(model_dir: str) -> str:

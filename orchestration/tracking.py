@@ -26,7 +26,7 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
-from .plan import DONE, HISTORY, KEPT, RESUMED, WORK, Unit
+from .plan import DONE, HISTORY, KEPT, RESUMED, WINDOWS_FILE, WORK, Unit
 
 PACKAGES = ("headroom", "torch", "transformers", "pytorch-lightning", "ray", "mlflow", "optuna", "datasets")
 FINISHED = RunStatus.to_string(RunStatus.FINISHED)
@@ -227,7 +227,7 @@ def checkpoint_uri(checkpoint) -> str:
 class TrackingCallback(Callback):
     """Driver-side Tune callback: trial events → the unit's MLflow run."""
 
-    ARTIFACTS = ("scores.json", "scores.png", "prune_curve.png", "metrics.json")
+    ARTIFACTS = ("scores.json", "scores.png", "prune_curve.png", "metrics.json", WINDOWS_FILE)
 
     def __init__(self, tracker: Tracker, unit_of, resources: dict, say=None, total: int = 0):
         self.tracker, self.unit_of, self.resources = tracker, unit_of, resources

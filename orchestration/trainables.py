@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ray import tune
 
-from .plan import DONE, HISTORY, KEPT, LIGHTNING_FILE, RESUMED, WORK, Unit, lr_candidate
+from .plan import DONE, HISTORY, KEPT, LIGHTNING_FILE, RESUMED, WINDOWS_FILE, WORK, Unit, lr_candidate
 
 
 LATENCY_REPEATS = 5
@@ -46,10 +46,18 @@ def _final_metrics(metrics: dict) -> dict:
     for split, v in metrics.get("final", {}).items():
         out[f"final/{split}/loss"] = v["loss"]
         out[f"final/{split}/ppl"] = _finite(v["ppl"])
+        out[f"final/{split}/tokens"] = v["tokens"]
+    for split, v in metrics.get("eval_windows", {}).items():
+        out[f"eval/{split}/windows_excluded"] = v["excluded"]
     for k in ("params", "flops_per_token", "steps", "tokens_per_s"):
         if k in metrics:
             out[k] = metrics[k]
     return out
+
+
+def _timing(timing: dict) -> dict:
+    """Seconds of a unit's work by kind, as the cost/* metrics of its run (the sweep's compute share)."""
+    return {f"cost/{k}": float(v) for k, v in timing.items() if k in ("train_s", "eval_s", "score_s")}
 
 
 def train_trial(config: dict, base: dict | None = None, fault: dict | None = None, skip: frozenset = frozenset()):
@@ -94,8 +102,9 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
     result = train_lm(unit.model_config(), unit.train_config(), unit.data_config(), ckpt_path=ckpt_path,
                       callbacks=callbacks, progress=False, final_eval=not is_search)
     m = result.metrics
-    final = {**_final_metrics(m), "step": m["steps"], HISTORY: history.take(), DONE: 1, WORK: time.time() - t0,
-             RESUMED: history.start_step if history.start_step is not None else m["steps"]}
+    timing = {**m["timing"], "score_s": callbacks[0].seconds if unit.probes else 0.0}
+    final = {**_final_metrics(m), **_timing(timing), "step": m["steps"], HISTORY: history.take(), DONE: 1,
+             WORK: time.time() - t0, RESUMED: history.start_step if history.start_step is not None else m["steps"]}
     if is_search:  # the objective is the val loss at the last step
         if report.last_step != m["steps"]:
             from lightning_modules.lm import evaluate
@@ -111,18 +120,22 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
     from lightning_modules.train import _finite as finite_json
 
     (out / "metrics.json").write_text(json.dumps(finite_json(m), indent=2) + "\n")
+    (out / WINDOWS_FILE).write_text(json.dumps({"final": result.windows}) + "\n")
     final[WORK] = time.time() - t0
     tune.report(final, checkpoint=tune.Checkpoint.from_directory(str(out)))
 
 
 def _load_dense(uri: str, work: Path):
-    """The dense model of a prune unit: a finished train trial's Tune checkpoint (local path or URI), or a
-    pretrained checkpoint directory."""
+    """The dense model of a prune unit and its train trial's final evaluation ({split: {loss, ppl, tokens}}, or
+    None): a finished train trial's Tune checkpoint (local path or URI), or a pretrained checkpoint directory."""
     from lightning_modules.models import load_model
 
     ckpt = tune.Checkpoint(uri)
     local = Path(uri) if os.path.isdir(uri) else Path(ckpt.to_directory(str(work / "dense")))
-    return load_model(local / "model" if (local / "model" / "config.json").exists() else local)
+    if (local / "model" / "config.json").exists():
+        metrics = json.loads((local / "metrics.json").read_text()) if (local / "metrics.json").exists() else {}
+        return load_model(local / "model"), metrics.get("final")
+    return load_model(local), None
 
 
 def prune_trial(config: dict, skip: frozenset = frozenset()):
@@ -144,7 +157,7 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
 
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="headroom-prune-"))
-    model = _load_dense(cfg["dense"], work)
+    model, dense_eval = _load_dense(cfg["dense"], work)
     if torch.cuda.is_available():
         model = model.cuda()
     data = HeadroomData(unit.data_config(), unit.train_config(), unit.family).prepare()
@@ -152,19 +165,22 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
         raise HeadroomInputError(f"tokenizer has {data.vocab_size} tokens, the model {model.config.vocab_size}")
     plan = PrunePlan(**unit.plan)
     # latency is a side measurement here (benchmarks/prune_speed.py measures it properly): a few passes suffice
+    # the dense model's losses on these very windows were measured by its train trial: not measured again
     pruned, _, m = run_prune(model, data, plan, eval_batches=unit.train_config().eval_batches,
                              calibration_batches=unit.calibration_batches, curve=unit.curve,
-                             latency_repeats=LATENCY_REPEATS)
+                             curve_batches=unit.curve_batches, latency_repeats=LATENCY_REPEATS, dense_eval=dense_eval)
     m.update(unit=unit.to_dict(), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets, seconds=time.time() - t0)
+    windows = m.pop("windows")
     out = work / "final"
     save_model(pruned, out / "model", data.tokenizer)
     (out / "metrics.json").write_text(json.dumps(m, indent=2) + "\n")
+    (out / WINDOWS_FILE).write_text(json.dumps(windows) + "\n")
     (out / "scores.json").write_text(json.dumps({"method": plan.method, "scores": m["scores"],
                                                  "kept": m["kept"], "heads_dense": m["heads_dense"]}) + "\n")
     title = f"{unit.scale} {unit.family} seed {unit.seed}: {plan.method} importance"
     heatmap(m["scores"], out / "scores.png", title)
     if m["prune_curve"]:
-        prune_curve_plot(m["prune_curve"], ["val", *data.eval_sets], out / "prune_curve.png",
+        prune_curve_plot(m["prune_curve"], data.eval_sets or ["val"], out / "prune_curve.png",
                          f"{unit.scale} {unit.family} seed {unit.seed}: mask-only prune curve ({plan.method})")
     flat = {"step": plan.finetune_steps, HISTORY: "[]", DONE: 1, KEPT: json.dumps(m["heads_kept"]), WORK: m["seconds"],
             "params": m["params"]["pruned"], "params_dense": m["params"]["dense"],
@@ -173,11 +189,23 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
     for stage, key in (("final", "final"), ("pre_ft", "pre_ft"), ("dense", "dense"), ("pruned_no_ft", "no_ft")):
         for split, v in m["loss"][stage].items():
             flat[f"{key}/{split}/loss"] = v["loss"]
+            if stage in ("final", "pre_ft"):
+                flat[f"{key}/{split}/tokens"] = v["tokens"]
             if stage == "final":
                 flat[f"final/{split}/ppl"] = _finite(v["ppl"])
+    flat.update(_timing(m["timing"]))
+    for split, v in m["random_baseline"].items():  # the random method as a distribution: several draws
+        flat[f"pre_ft_random/{split}/loss"] = v["loss"]
+        for k, loss in enumerate(v["draws"]):
+            flat[f"pre_ft_random/{split}/draw{k}"] = loss
+    ft = m["finetune"]
+    if ft["lr"] is not None:  # the recovery fine-tune's rate (chosen on val from the grid, or the sweep's)
+        flat["finetune/lr"] = ft["lr"]
+        for lr, v in ft["grid"].items():
+            flat[f"finetune/val_loss/lr{lr}"] = v
     for kind, ms in m["latency_ms"].items():
         flat[f"latency_ms/{kind}"] = ms
     for row in m["prune_curve"]:  # the mask-only curve, one metric per (eval set, ratio): MLflow's chart view
-        for split in ("val", *data.eval_sets):
-            flat[f"curve/{split}/r{row['ratio']:.1f}"] = row[split]
+        for split in data.eval_sets or ["val"]:
+            flat[f"curve/{split}/r{row['ratio']:.4g}"] = row[split]
     tune.report(flat, checkpoint=tune.Checkpoint.from_directory(str(out)))

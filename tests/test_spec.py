@@ -184,8 +184,13 @@ def test_shipped_sweeps_say_what_the_issue_asks():
     from orchestration.spec import load_sweep
 
     q, _ = load_sweep(ROOT / "sweeps" / "quickstart.yaml")
-    assert len(q.scales) == 2 and len(q.seeds) == 3 and q.prune.ratios == [0.5]
-    assert q.prune.methods == ["gradient", "ablation", "random"] and q.controls == ["scratch_e", "scratch_b"]
+    assert list(q.scales) == ["xs", "s"] and len(q.seeds) == 3 and q.prune.ratios == [0.5]
+    # random is there for the informed-beats-random diagnostic; s keeps 4 heads (its 8-head model trains worse)
+    assert q.prune.methods == ["gradient", "random"] and q.controls == ["scratch_e", "scratch_b"]
+    assert (q.dense_heads("xs"), q.dense_heads("s")) == (8, 4) and q.prune.finetune_lr is None
+    xs, s = q.scales["xs"], q.scales["s"]
+    # the two scales are scored on the same windows (eval batches × batch size: the same evenly spaced windows)
+    assert xs.overrides.eval_batches * xs.overrides.batch_size == s.overrides.eval_batches * s.overrides.batch_size
     s, _ = load_sweep(ROOT / "sweeps" / "smoke.yaml")
     assert list(s.scales) == ["xs"] and s.families == ["decoder", "encoder"] and len(s.seeds) == 2
     assert s.prune.methods == ["gradient", "random"] and s.lr.search.trials == 4
@@ -232,3 +237,164 @@ def test_plan_keys_tags_and_budgets():
     assert {p.dense_key for p in pruned} == {units[0].key, units[1].key}
     assert {(p.method, p.ratio, p.scope, p.schedule) for p in pruned} == {
         ("gradient", 0.5, "per_layer", "one_shot"), ("random", 0.5, "per_layer", "one_shot")}
+
+
+# -------------------------------------------------------------------------------- planning before compute
+
+
+def _bpe_sweep(tmp_path, family: str, scope: str) -> str:
+    corpus = tmp_path / "corpus"
+    if not corpus.exists():
+        import sysconfig
+
+        corpus.mkdir()
+        lib = Path(sysconfig.get_paths()["stdlib"])
+        for f in sorted(lib.glob("*.py"))[:60]:
+            (corpus / f"{f.stem}.txt").write_text(f.read_text(encoding="utf-8", errors="replace"))
+    return textwrap.dedent(f"""\
+        name: bpe
+        family: {family}
+        data: {{source: 'path:{corpus}/*.txt', tokenizer: bpe, bpe_vocab_size: 2000}}
+        scales:
+          s: {{steps: 200, overrides: {{batch_size: 4, seq_len: 64}}}}
+        seeds: [0]
+        prune: {{ratios: [0.25, 0.75], methods: [random], scope: [{scope}], finetune_steps: 30, finetune_lr: 1.0e-4}}
+        controls: [scratch_e, scratch_b]
+    """)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+@pytest.mark.parametrize("scope", ["per_layer", "global"])
+@pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
+def test_scratch_b_compute_equals_the_pruned_arm_with_the_trained_vocabulary(tmp_path, cache_dir, family, scope,
+                                                                               tokenizer):
+    """Scratch-B's steps × its FLOPs per token = T × dense FLOPs + F × pruned FLOPs, within one step, where the
+    FLOPs are counted from the modules of models built with the vocabulary the tokenizer really has (the sweep
+    driver's `data_identity`), not from the config formula that plans them."""
+    from lightning_modules.corpus import data_identity
+    from orchestration.plan import global_control_units, prune_units, train_units
+    from orchestration.preflight import build_on_meta, spread_heads
+    from orchestration.spec import parse_sweep
+
+    text = _bpe_sweep(tmp_path, family, scope)
+    if tokenizer == "byte":
+        text = text.replace(", tokenizer: bpe, bpe_vocab_size: 2000", "")
+    sweep = parse_sweep(text)
+    ident = data_identity(sweep.data)
+    assert ident.vocab_size == (2000 if tokenizer == "bpe" else 260)
+    units = train_units(sweep, ident.data_hash, None, ident.vocab_size)
+    dense = next(u for u in units if u.arm == "dense")
+    T, F, seq = 200, 30, 64
+
+    def flops(model_cfg):
+        # the model as training builds it: the tokenizer's vocabulary, whatever the plan says
+        return build_on_meta(model_cfg.model_copy(update={"vocab_size": ident.vocab_size}), seq)[1]
+
+    c_dense = flops(dense.model_config())
+    checked = 0
+    for ratio in (0.25, 0.75):
+        if scope == "per_layer":
+            b = next(u for u in units if u.arm == "scratch_b" and u.ratio == ratio)
+        else:
+            p = next(u for u in prune_units(sweep, [dense]) if u.ratio == ratio)
+            n = 32 - min(round(ratio * 32 + 1e-9), 28)
+            kept = spread_heads(n, 4, 8)
+            kept[0], kept[1] = kept[0] + 1, kept[1] - 1  # any split of the same total: the scores choose it
+            b = next(u for u in global_control_units(sweep, p, dense, kept) if u.arm == "scratch_b")
+            assert list(b.model_config().layer_heads) == kept
+        c_small = flops(b.model_config())
+        assert c_small < c_dense
+        budget = T * c_dense + F * c_small
+        assert abs(b.train["steps"] * c_small - budget) <= c_small, (ratio, b.train["steps"], budget / c_small)
+        checked += 1
+    assert checked == 2
+
+
+def test_lr_search_covers_every_architecture_trained_from_scratch():
+    """With `lr.search`, dense, each Scratch-E/B shape and each wide shape is searched with the same trials and
+    steps, and every arm trains at its own architecture's rate (global-scope controls: the uniform shape of their
+    ratio)."""
+    from orchestration.plan import (arch_key, global_control_units, lr_search_bases, prune_units,
+                                    scratch_architectures, train_units)
+    from orchestration.spec import parse_sweep
+
+    sweep = parse_sweep(GOOD.replace("[scratch_e]", "[scratch_e, scratch_b, wide]")
+                        .replace("ratios: [0.5]", "ratios: [0.25, 0.5], scope: [per_layer, global]")
+                        + "lr: {search: {trials: 3, low: 1.0e-4, high: 1.0e-2, steps: 10}}\n")
+    bases = lr_search_bases(sweep, "c")
+    archs = [arch_key(b.model_config()) for b in bases]
+    assert archs == ["8x8", "6x8", "6x10", "4x8", "4x16"]  # dense; 0.25: Scratch-E/B, wide; 0.5: the same
+    assert len({(b.train["steps"], b.seed) for b in bases}) == 1 and all(b.train["steps"] == 10 for b in bases)
+    assert set(scratch_architectures(sweep, "xs", "decoder")) == set(archs)
+    lrs = {("xs", "decoder", a): 1e-3 * (i + 1) for i, a in enumerate(archs)}
+    units = train_units(sweep, "c", lrs)
+    for u in units:
+        assert u.train["lr"] == lrs[("xs", "decoder", arch_key(u.model_config()))] and u.lr_source == "searched"
+    assert {u.arm: u.train["lr"] for u in units if u.ratio == 0.25 or u.arm == "dense"} == {
+        "dense": 1e-3, "scratch_e": 2e-3, "scratch_b": 2e-3, "wide": 3e-3}
+    dense = next(u for u in units if u.arm == "dense")
+    p = next(u for u in prune_units(sweep, [dense]) if u.scope == "global" and u.ratio == 0.5)
+    glob = global_control_units(sweep, p, dense, [3, 5], lrs)
+    assert {u.arm for u in glob} == {"scratch_e", "scratch_b"}
+    assert all(u.train["lr"] == lrs[("xs", "decoder", "4x8")] and u.lr_source == "searched:4x8" for u in glob)
+    # the recovery fine-tune's rate is chosen on val from multiples of the dense rate unless the sweep fixes it
+    assert p.plan["finetune_lr"] is None or p.plan["finetune_steps"] == 0
+    fixed = parse_sweep(GOOD.replace("methods: [gradient, random]}", "methods: [random], finetune_steps: 5}"))
+    d = train_units(fixed, "c")[0]
+    plan = prune_units(fixed, [d])[0].plan
+    assert plan["finetune_lr"] is None and plan["finetune_lr_grid"] == pytest.approx(
+        [m * d.train["lr"] for m in (0.03, 0.1, 0.3)])
+    # without a search every arm trains at the preset, and says so
+    assert {u.lr_source for u in train_units(fixed, "c")} == {"preset"}
+
+
+def _plan(tmp_path, text: str, *args):
+    (tmp_path / "s.yaml").write_text(text)
+    return subprocess.run([sys.executable, "-m", "orchestration.cli", "sweep", "s.yaml", *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_every_shipped_sweep_plans_cleanly_and_wide_is_built_at_every_ratio():
+    """`--plan --json` builds every unit's model on the meta device; the scales sweep's wide control at s, ratio
+    0.25 (6 heads of d_model 128) has 20-dim heads, and the row's numbers are the built model's."""
+    from lightning_modules.config import heads_removed, model_config_for, param_counts
+
+    for name in ("quickstart", "smoke", "scales"):
+        r = subprocess.run([sys.executable, "-m", "orchestration.cli", "sweep", str(ROOT / "sweeps" / f"{name}.yaml"),
+                            "--plan", "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert r.returncode == 0, (name, r.stderr[-2000:])
+        rows = json.loads(r.stdout)
+        from orchestration.preflight import PLAN_FIELDS
+
+        assert rows and all(set(PLAN_FIELDS) <= set(x) for x in rows), name
+        if name == "scales":
+            wide = [x for x in rows if x["arm"] == "wide" and x["scale"] == "s" and x["ratio"] == 0.25]
+            assert len(wide) == 3 and all(x["heads"] == [6] * 4 and x["head_dim"] == 20 for x in wide)
+            assert wide[0]["attention_width"] == 120 and wide[0]["vocab_size"] == 8192
+            cfg = model_config_for("s", n_heads=6, head_dim=20, vocab_size=8192)
+            assert wide[0]["params"] == param_counts(cfg).total
+            stages = {x["stage"] for x in rows}
+            assert stages == {"lr_search", "train", "prune", "controls"}
+            # every unit the sweep would run is listed: 4 scales × 3 seeds × (1 + 3 ratios × 3 controls) trained,
+            # 12 dense × 7 methods × 3 ratios × 2 scopes pruned, 2 controls per global prune
+            assert sum(x["stage"] == "train" for x in rows) == 4 * 3 * 10
+            assert sum(x["stage"] == "prune" for x in rows) == 12 * 7 * 3 * 2
+            assert sum(x["stage"] == "controls" for x in rows) == 12 * 7 * 3 * 2
+            g = next(x for x in rows if x["stage"] == "prune" and x["scope"] == "global" and x["scale"] == "s"
+                     and x["ratio"] == 0.75)
+            assert g["heads"] is None and g["heads_total"] == 32 - heads_removed(32, 0.75)
+
+
+def test_a_unit_that_cannot_be_built_stops_the_plan_and_the_sweep_before_anything_starts(tmp_path):
+    """40 heads of d_model 64 leave the wide control under 2 dimensions a head: one line names the unit, exit 2,
+    with --plan and without it (no MLflow store, no Ray results)."""
+    bad = GOOD.replace("steps: 20,", "steps: 20, heads: 40,").replace("ratios: [0.5]", "ratios: [0.1]").replace(
+        "[scratch_e]", "[scratch_e, wide]")
+    for args in (["--plan"], []):
+        r = _plan(tmp_path, bad, *args)
+        assert r.returncode == 2, r.stdout + r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "xs-decoder-wide-r0.1-s0" in lines[0] and "less than 2" in lines[0], lines
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
+    r = _plan(tmp_path, GOOD, "--json")
+    assert r.returncode == 2 and "--json: only with --plan" in r.stderr

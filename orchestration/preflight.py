@@ -1,0 +1,284 @@
+"""A sweep checked before any compute: every unit planned, its model built on the meta device (no memory, a few
+seconds) and run forward once, its size and cost counted.
+
+`headroom sweep FILE --plan [--json]` prints one row per unit; `headroom sweep FILE` runs the same check before Ray
+starts, so a unit that cannot be built (a head size RoPE cannot rotate, a shape that does not fit) stops the sweep
+with one line naming it instead of failing mid-sweep. Parameters and FLOPs per token come from the built model's
+modules (`pruning.forward_flops`), not from the config formulas they are checked against elsewhere.
+
+Costs are estimates of FLOPs: training (3 × forward per token), evaluation, head scoring and the recovery
+fine-tune. Where a count depends on the data (a whole-split evaluation), its stated cap is used: an upper bound.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+from lightning_modules.config import (
+    EVAL_CAP_TOKENS,
+    HeadroomInputError,
+    ModelConfig,
+    PrunePlan,
+    TrainConfig,
+    check_compatible,
+    heads_removed,
+)
+
+from .plan import Unit, global_control_units, lr_search_bases, prune_units, train_units
+from .spec import Sweep
+
+# the JSON field names other tools rely on (a row has more)
+PLAN_FIELDS = ("stage", "arm", "scale", "family", "heads", "head_dim", "steps", "params", "flops_per_token",
+               "train_flops", "ratio", "method", "seed", "resources")
+SCORING_PASSES = {  # forward-pass equivalents per calibration token, by method (backward ≈ 2 forwards)
+    "gradient": 3, "ablation": None, "magnitude": 0, "entropy": 1, "confidence": 1, "random": 0, "l0": None,
+}
+L0_STEPS = 150  # lightning_modules.scoring.score_l0's default
+
+
+@dataclass
+class PlanRow:
+    name: str
+    stage: str  # lr_search | train | prune | controls
+    arm: str
+    scale: str
+    family: str
+    heads: list[int] | None  # per layer; None for a global prune and its controls (chosen by the scores)
+    heads_total: int
+    head_dim: int
+    attention_width: int  # the widest layer's heads × head_dim
+    vocab_size: int
+    lr: float | str  # "searched" until the search has run
+    lr_source: str
+    steps: int  # training steps (a prune unit: its recovery fine-tune, per candidate rate)
+    tokens: int  # training tokens of those steps
+    params: int  # of the model the unit ends with
+    flops_per_token: int  # forward, of that model
+    train_flops: int  # 3 × forward × training tokens
+    est_flops: int  # the unit's whole cost: training, evaluation, scoring
+    ratio: float | None
+    method: str | None
+    scope: str | None
+    seed: int
+    resources: dict = field(default_factory=dict)
+    trials: int | None = None  # lr_search: the candidates of this architecture's search
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------------ building
+
+_BUILT: dict[str, tuple[int, int]] = {}
+
+
+def build_on_meta(model: ModelConfig, seq_len: int) -> tuple[int, int]:
+    """(parameters, forward FLOPs per token) of the model `build_model` makes of `model`, built on the meta device
+    and run forward on one sequence of `seq_len`: every shape is checked, no memory is used."""
+    key = json.dumps([model.model_dump(mode="json"), seq_len], sort_keys=True)
+    if key not in _BUILT:
+        torch, build_model, forward_flops = _frameworks()
+        with torch.device("meta"):
+            m = build_model(model, seed=0)
+            m(input_ids=torch.zeros(1, seq_len, dtype=torch.long))
+        params = sum(p.numel() for p in m.parameters())  # tied weights once (parameters() drops duplicates)
+        _BUILT[key] = (params, forward_flops(m, seq_len)["total"])
+    return _BUILT[key]
+
+
+def _frameworks():
+    """torch and headroom's model code, imported outside the checks: an import error is a bug, not bad input."""
+    import torch
+
+    from lightning_modules.models import build_model
+    from lightning_modules.pruning import forward_flops
+
+    return torch, build_model, forward_flops
+
+
+def _build(u_name: str, model: ModelConfig, train: TrainConfig) -> tuple[int, int]:
+    _frameworks()
+    try:
+        check_compatible(model, train)
+        return build_on_meta(model, train.seq_len)
+    except HeadroomInputError as e:
+        raise HeadroomInputError(f"unit {u_name}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - whatever transformers or torch raise, one line names the unit
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise HeadroomInputError(f"unit {u_name}: cannot be built ({msg})") from None
+
+
+def spread_heads(total: int, layers: int, max_heads: int) -> list[int]:
+    """`total` heads over `layers` layers as evenly as possible: a global prune's representative shape (its FLOPs
+    and parameters depend on the total only; its per-layer split is chosen by the scores)."""
+    base, extra = divmod(total, layers)
+    return [min(max_heads, base + (1 if i < extra else 0)) for i in range(layers)]
+
+
+# ------------------------------------------------------------------------------------------------ costs
+
+
+def _eval_sets(sweep: Sweep) -> int:
+    """val and the eval sets: `id` always, `shift` where the source has one."""
+    shifted = sweep.data.source in ("stdlib", "mqar") or sweep.data.shift is not None
+    return 2 + (1 if shifted else 0)
+
+
+def _eval_tokens(t: TrainConfig, batches: int | None) -> int:
+    return batches * t.batch_size * t.seq_len if batches is not None else EVAL_CAP_TOKENS
+
+
+def _train_cost(sweep: Sweep, t: TrainConfig, fwd: int, final_eval: bool = True) -> int:
+    tokens = t.steps * t.batch_size * t.seq_len
+    val = (t.steps // t.val_every) * t.val_batches * t.batch_size * t.seq_len
+    final = _eval_sets(sweep) * _eval_tokens(t, t.eval_batches) if final_eval else 0
+    return 3 * fwd * tokens + fwd * (val + final)
+
+
+def _prune_cost(sweep: Sweep, u: Unit, plan: PrunePlan, fwd_dense: int, fwd_pruned: int, n_heads: int) -> int:
+    t = u.train_config()
+    bt = t.batch_size * t.seq_len
+    calib = u.calibration_batches * bt
+    passes = SCORING_PASSES[plan.method]
+    if plan.method == "ablation":
+        passes = n_heads + 1
+    elif plan.method == "l0":
+        passes = 3 * L0_STEPS * bt / max(calib, 1)
+    rounds = 1 if plan.schedule == "one_shot" else math.ceil(plan.ratio / plan.step)
+    scoring = passes * rounds * calib * fwd_dense
+    sets = _eval_sets(sweep)
+    ev = _eval_tokens(t, t.eval_batches)
+    curve = 0
+    if u.curve:
+        points = 10  # at most: the achievable fractions of the nominal 0.0 .. 0.9
+        curve = points * sets * _eval_tokens(t, sweep.prune.curve_batches or t.eval_batches) * fwd_dense
+    evals = sets * ev * (fwd_dense + fwd_pruned)  # before and after fine-tune (dense: its train trial measured)
+    ft = len(plan.finetune_lrs) * (3 * plan.finetune_steps * bt + _eval_tokens(t, t.eval_batches)) * fwd_pruned
+    return int(scoring + curve + evals + ft)
+
+
+# ------------------------------------------------------------------------------------------------ rows
+
+
+def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: int, est: int, sweep: Sweep,
+         heads: list[int] | None, lr, trials=None) -> PlanRow:
+    t = u.train_config()
+    tokens = steps * t.batch_size * t.seq_len
+    source = "searched" if lr == "searched" else u.lr_source
+    return PlanRow(
+        name=u.name, stage=stage, arm=u.arm, scale=u.scale, family=u.family, heads=heads,
+        heads_total=sum(model.layer_heads), head_dim=model.head_dim,
+        attention_width=max(model.layer_heads) * model.head_dim, vocab_size=model.vocab_size, lr=lr,
+        lr_source=source, steps=steps, tokens=tokens, params=params, flops_per_token=fwd,
+        train_flops=3 * fwd * tokens, est_flops=int(est), ratio=u.ratio, method=None if u.method == "none" else
+        u.method, scope=None if u.scope == "none" else u.scope, seed=u.seed,
+        resources={"cpu": sweep.resources.cpu, "gpu": sweep.resources.gpu}, trials=trials)
+
+
+def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
+    """Every unit of a scales sweep (a pretrained sweep has its checkpoint's model: nothing to plan here), its
+    model built on meta. Raises HeadroomInputError naming the first unit that cannot be built."""
+    if sweep.pretrained is not None:
+        return []
+    searched = sweep.lr is not None and sweep.lr.search is not None
+    rows: list[PlanRow] = []
+    if searched:
+        s = sweep.lr.search
+        for base in lr_search_bases(sweep, corpus_hash, vocab_size):
+            model, t = base.model_config(), base.train_config()
+            params, fwd = _build(base.name, model, t)
+            est = s.trials * _train_cost(sweep, t, fwd, final_eval=False)
+            rows.append(_row(base, "lr_search", model, params, fwd, t.steps, est, sweep, list(model.layer_heads),
+                             "searched", trials=s.trials))
+    units = train_units(sweep, corpus_hash, None, vocab_size)
+    for u in units:
+        model, t = u.model_config(), u.train_config()
+        params, fwd = _build(u.name, model, t)
+        rows.append(_row(u, "train", model, params, fwd, t.steps, _train_cost(sweep, t, fwd), sweep,
+                         list(model.layer_heads), "searched" if searched else t.lr))
+    dense = {u.key: u for u in units if u.arm == "dense"}
+    for u in prune_units(sweep, list(dense.values())):
+        d_model, t = u.model_config(), u.train_config()
+        _, fwd_dense = _build(u.name, d_model, t)
+        plan = PrunePlan(**u.plan)
+        heads, total = _kept(d_model, plan)
+        pruned = d_model.with_heads(heads if heads is not None else
+                                    spread_heads(total, d_model.n_layers, d_model.n_heads))
+        params, fwd = _build(u.name, pruned, t)
+        est = _prune_cost(sweep, u, plan, fwd_dense, fwd, sum(d_model.layer_heads))
+        row = _row(u, "prune", pruned, params, fwd, plan.finetune_steps, est, sweep, heads,
+                   plan.finetune_lr if plan.finetune_lr is not None else "val-grid")
+        # the fine-tune's rate: fixed by the sweep, or chosen on val from a grid of multiples of the dense rate
+        row.lr_source = "sweep" if plan.finetune_lr is not None else (
+            "grid " + ",".join(f"{m:g}" for m in sweep.prune.finetune_lr_grid) + " × dense lr")
+        rows.append(row)
+        if plan.scope == "global":
+            rows += _global_controls(sweep, u, dense[u.dense_key], total, searched)
+    return rows
+
+
+def _kept(model: ModelConfig, plan: PrunePlan) -> tuple[list[int] | None, int]:
+    """(heads kept per layer, or None when the scores choose them; the total kept)."""
+    layer = model.layer_heads
+    if plan.scope == "per_layer":
+        kept = [n - heads_removed(n, plan.ratio) for n in layer]
+        return kept, sum(kept)
+    n = sum(layer)
+    return None, n - min(heads_removed(n, plan.ratio), n - len(layer))
+
+
+def _global_controls(sweep: Sweep, pruned: Unit, dense: Unit, total: int, searched: bool) -> list[PlanRow]:
+    d_model = dense.model_config()
+    shape = spread_heads(total, d_model.n_layers, d_model.n_heads)
+    out = []
+    for u in global_control_units(sweep, pruned, dense, shape):
+        model, t = u.model_config(), u.train_config()
+        params, fwd = _build(u.name, model, t)
+        out.append(_row(u, "controls", model, params, fwd, t.steps, _train_cost(sweep, t, fwd), sweep, None,
+                        "searched" if searched else t.lr))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ printing
+
+
+def _si(x: float) -> str:
+    for unit, f in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= f:
+            return f"{x / f:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def format_table(rows: list[PlanRow], vocab_note: str) -> str:
+    head = ["stage", "scale", "family", "arm", "method", "ratio", "seed", "heads", "head_dim", "width", "lr", "steps",
+            "tokens", "params", "FLOPs/tok", "train FLOPs", "est. FLOPs"]
+    table = [head]
+    for r in rows:
+        heads = (",".join(map(str, r.heads)) if r.heads and len(set(r.heads)) > 1 else
+                 str(r.heads[0]) if r.heads else f"{r.heads_total} (global)")
+        lr = r.lr if isinstance(r.lr, str) else f"{r.lr:.3g} ({r.lr_source})"
+        seed = f"×{r.trials} trials" if r.trials else str(r.seed)
+        table.append([r.stage, r.scale, r.family, r.arm, r.method or "—", "—" if r.ratio is None else f"{r.ratio:g}",
+                      seed, heads, str(r.head_dim), str(r.attention_width), lr, str(r.steps), _si(r.tokens),
+                      _si(r.params), _si(r.flops_per_token), _si(r.train_flops), _si(r.est_flops)])
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    by_stage: dict[str, float] = {}
+    for r in rows:
+        by_stage[r.stage] = by_stage.get(r.stage, 0.0) + r.est_flops
+    total = sum(by_stage.values())
+    lines.append("")
+    lines.append(f"{len(rows)} unit(s); estimated {_si(total)}FLOP in all ("
+                 + ", ".join(f"{k} {_si(v)}" for k, v in by_stage.items()) + "); vocabulary " + vocab_note)
+    lines.append("Estimates count training (3 × forward), evaluation, scoring and fine-tuning; a whole-split "
+                 "evaluation is counted at its cap. Global-scope rows show the total kept heads: the scores choose "
+                 "each layer's.")
+    return "\n".join(lines)
+
+
+def check_units(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
+    """The sweep driver's check before Ray starts (same as --plan)."""
+    return plan_rows(sweep, corpus_hash, vocab_size)
