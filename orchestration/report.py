@@ -10,12 +10,15 @@ mixed in) and its finished children, by the tag contract, and writes `reports/<s
 
 and logs all of it as artifacts of the parent run (`report/`), with the headline numbers as parent metrics.
 
-Statistics. Arms are paired by seed. For a comparison, d_i = control loss − pruned loss of seed i (positive:
-pruning wins); the mean of d and its 95% Student-t interval, mean ± t(0.975, n−1)·sd/√n. `supported` when the
-interval lies above 0, `refuted` when below, `inconclusive` otherwise, `insufficient_seeds` with fewer than two
-seeds (no interval is invented). DESIGN.md allows a bootstrap only from n ≥ 10; the t-interval is used at every n,
-so one rule covers every row. Half (1) is a mean comparison against the declared tolerance (no interval): the
-tolerance is the stated effect size.
+Statistics (orchestration/stats.py). Arms are paired by seed and evaluated on the same windows. For a comparison,
+d_s = control loss − pruned loss of seed s (positive: pruning wins); the mean of d and a 95% Student-t interval on
+n − 1 degrees of freedom whose standard error adds, to the spread over seeds, the sampling variance of the eval
+windows (from the per-window losses each run records). `supported` when the interval lies above 0, `refuted` when
+below, `inconclusive` otherwise, `insufficient_seeds` with fewer than two seeds (no interval is invented). A
+scale's primary comparisons (ratios × controls) are one family: their p-values are Holm-adjusted, and the primary
+verdicts are the adjusted ones (the raw ones are kept beside them). Half (1) is a mean comparison against the
+declared tolerance (no interval): the tolerance is the stated effect size. Trust diagnostics
+(orchestration/diagnostics.py) can turn a scale's headline into "untrustworthy".
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ from pathlib import Path
 
 from lightning_modules.config import HeadroomInputError, prunable_fraction, within_tolerance
 
-from .plan import expected_names
+from .diagnostics import Diagnostic, diagnose, untrustworthy
+from .plan import WINDOWS_FILE, WORK_KINDS, expected_names
 from .spec import Sweep
+from .stats import ALPHA, holm, paired, t_interval, verdict_of
 
 PRIMARY = {"method": "gradient", "scope": "per_layer", "schedule": "one_shot", "eval_set": "id"}
 CONTROL_ARMS = ("scratch_e", "scratch_b", "wide")
@@ -47,31 +52,10 @@ PROBE_METRICS = ("probe/prunable_fraction", "probe/importance_spread", "probe/re
 # ------------------------------------------------------------------------------------------------ statistics
 
 
-def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
-    """Student-t interval of the mean of `values`; None with fewer than two."""
-    from scipy import stats
-
-    n = len(values)
-    if n < 2:
-        return None
-    m, sd = statistics.fmean(values), statistics.stdev(values)
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
-    return (m - half, m + half)
-
-
 def paired_verdict(diffs: list[float]) -> tuple[float, tuple[float, float] | None, str]:
-    """(mean of d, its 95% t-interval or None, verdict) for d = control − pruned."""
-    if not diffs:
-        raise ValueError("no paired seeds")
-    mean = statistics.fmean(diffs)
-    ci = t_interval(diffs)
-    if ci is None:
-        return mean, None, "insufficient_seeds"
-    if ci[0] > 0:
-        return mean, ci, "supported"
-    if ci[1] < 0:
-        return mean, ci, "refuted"
-    return mean, ci, "inconclusive"
+    """(mean of d, its 95% t-interval over seeds or None, verdict) for paired differences d."""
+    res = paired(diffs)
+    return res.mean, res.ci95, verdict_of(res.ci95)
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -171,11 +155,38 @@ def load_sweep_runs(uri: str, sweep_name: str) -> SweepRuns:
         missing = sorted(r.name for r in runs if r.status != "FINISHED" and r.tags.get("headroom.stage") != "lr_search")
     out = SweepRuns(uri, sweep_name, parent.data.tags.get("headroom.spec_hash", ""), parent.info.run_id, spec, done, missing)
     for r in done:
-        if r.arm == "dense" and any(m in r.metrics for m in PROBE_METRICS):
-            keys = [k for k in r.metrics if k.startswith("probe/")]
+        if r.arm == "dense":  # probes and the training-loss curve (the `converged` diagnostic)
+            keys = [k for k in r.metrics if k.startswith("probe/")] + ["train/loss"]
             out.histories[r.run_id] = {k: sorted((m.step, m.value) for m in client.get_metric_history(r.run_id, k))
                                        for k in keys}
     return out
+
+
+class Windows:
+    """Per-window losses of runs (their `eval_windows.json` artifact), downloaded once per run when a comparison
+    asks for them. Runs without the artifact (or a store that cannot serve it) give None: their comparisons fall
+    back to the spread over seeds alone, and say so."""
+
+    def __init__(self, uri: str | None):
+        self.uri, self._cache = uri, {}
+
+    def get(self, run: Run, stage: str, split: str) -> dict | None:
+        if self.uri is None:
+            return None
+        if run.run_id not in self._cache:
+            self._cache[run.run_id] = self._download(run.run_id)
+        return (self._cache[run.run_id] or {}).get(stage, {}).get(split)
+
+    def _download(self, run_id: str) -> dict | None:
+        import mlflow.artifacts
+
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                p = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=WINDOWS_FILE, dst_path=tmp,
+                                                        tracking_uri=self.uri)
+                return json.loads(Path(p).read_text())
+        except Exception:  # noqa: BLE001 - no artifact: the seed-only interval, labelled as such
+            return None
 
 
 # ------------------------------------------------------------------------------------------------ analysis
@@ -231,9 +242,22 @@ def _finetune_steps(r: Run) -> int:
     return int(r.params.get("finetune_steps", 0))
 
 
-def comparisons(runs: list[Run]) -> list[dict]:
+def _window_diffs(pw: list[dict | None], cw: list[dict | None]) -> tuple[list[list[float]], list[float]] | None:
+    """(seeds × windows summed-loss differences control − pruned, tokens per window), or None unless every seed
+    of both arms recorded the same windows."""
+    if any(x is None for x in pw + cw):
+        return None
+    tokens = pw[0]["tokens"]
+    if any(x["tokens"] != tokens for x in pw + cw):
+        return None
+    return [[c - p for c, p in zip(c_["loss"], p_["loss"])] for p_, c_ in zip(pw, cw)], tokens
+
+
+def comparisons(runs: list[Run], windows: Windows | None = None) -> list[dict]:
     """Every pruned group against every control of its head count, paired by seed, on every eval set, before
-    (finetune_steps 0) and after recovery fine-tune."""
+    (finetune_steps 0) and after recovery fine-tune; then Holm's adjustment over each (scale, family)'s primary
+    comparisons, whose verdicts become the adjusted ones."""
+    windows = windows or Windows(None)
     controls = _control_runs(runs)
     sets = eval_sets(runs)
     out = []
@@ -252,25 +276,63 @@ def comparisons(runs: list[Run]) -> list[dict]:
                 stages = [("final", ft)] if ft == 0 else [("pre_ft", 0), ("final", ft)]
                 for stage, steps in stages:
                     key = f"{stage}/{ev}/loss"
-                    paired = [s for s in seeds if key in by_seed[s].metrics and f"final/{ev}/loss" in ctrl[s].metrics
-                              and f"dense/{ev}/loss" in by_seed[s].metrics]
-                    if not paired:
+                    paired_seeds = [s for s in seeds if key in by_seed[s].metrics
+                                    and f"final/{ev}/loss" in ctrl[s].metrics and f"dense/{ev}/loss" in by_seed[s].metrics]
+                    if not paired_seeds:
                         continue
-                    pruned = [by_seed[s].metrics[key] for s in paired]
-                    control = [ctrl[s].metrics[f"final/{ev}/loss"] for s in paired]
-                    dense = [by_seed[s].metrics[f"dense/{ev}/loss"] for s in paired]
-                    diff, ci, verdict = paired_verdict([c - p for c, p in zip(control, pruned)])
+                    pruned = [by_seed[s].metrics[key] for s in paired_seeds]
+                    control = [ctrl[s].metrics[f"final/{ev}/loss"] for s in paired_seeds]
+                    dense = [by_seed[s].metrics[f"dense/{ev}/loss"] for s in paired_seeds]
+                    wd = _window_diffs([windows.get(by_seed[s], stage, ev) for s in paired_seeds],
+                                       [windows.get(ctrl[s], "final", ev) for s in paired_seeds])
+                    res = paired([c - p for c, p in zip(control, pruned)], *(wd or (None, None)))
                     primary = (method == PRIMARY["method"] and scope == PRIMARY["scope"]
                                and schedule == PRIMARY["schedule"] and ev == PRIMARY["eval_set"] and steps == ft)
+                    verdict = verdict_of(res.ci95)
+                    tokens = by_seed[paired_seeds[0]].metrics.get(f"{stage}/{ev}/tokens")
                     out.append({
                         "scale": scale, "family": family, "ratio": ratio, "heads_dense": _heads(first.tag("heads")),
                         "heads_kept": _heads(first.tag("kept")), "method": method, "scope": scope,
                         "schedule": schedule, "finetune_steps": steps, "control": arm, "eval_set": ev,
-                        "primary": primary, "n_seeds": len(paired), "dense_loss": _mean(dense),
-                        "pruned_loss": _mean(pruned), "control_loss": _mean(control), "diff_mean": diff,
-                        "ci95": list(ci) if ci else None, "verdict": verdict,
+                        "primary": primary, "n_seeds": len(paired_seeds), "dense_loss": _mean(dense),
+                        "pruned_loss": _mean(pruned), "control_loss": _mean(control), "diff_mean": res.mean,
+                        "ci95": list(res.ci95) if res.ci95 else None, "verdict": verdict,
+                        "p_value": res.p, "p_holm": None, "ci95_holm": None, "verdict_raw": verdict,
+                        "eval_tokens": int(tokens) if tokens is not None else None,
+                        "window_share": res.window_share,
                     })
+    _holm_adjust(out)
     return out
+
+
+def _holm_adjust(rows: list[dict]) -> None:
+    """Per (scale, family), the primary comparisons (ratios × controls) are one family of tests."""
+    fams = defaultdict(list)
+    for r in rows:
+        if r["primary"]:
+            fams[(r["scale"], r["family"])].append(r)
+    for fam in fams.values():
+        adjusted = holm([r["p_value"] for r in fam], ALPHA)
+        for r, h in zip(fam, adjusted):
+            if h is None:
+                continue
+            r["p_holm"] = h.p_adjusted
+            ci = _interval_at(r, h.level)
+            r["ci95_holm"] = list(ci) if ci else None
+            r["verdict"] = verdict_of(ci) if h.rejected else "inconclusive"
+
+
+def _interval_at(row: dict, level: float) -> tuple[float, float] | None:
+    """The row's interval at another confidence level (same standard error and degrees of freedom)."""
+    from scipy import stats
+
+    if row["ci95"] is None:
+        return None
+    n = row["n_seeds"]
+    q95 = float(stats.t.ppf(0.975, n - 1))
+    se = (row["ci95"][1] - row["ci95"][0]) / (2 * q95)
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * se
+    return (row["diff_mean"] - half, row["diff_mean"] + half)
 
 
 def prunable(runs: list[Run], tolerance: float) -> list[dict]:
@@ -397,13 +459,19 @@ def across_scales(comps: list[dict], params: dict) -> list[dict]:
 
 
 def costs(runs: list[Run]) -> list[dict]:
-    by = defaultdict(lambda: {"runs": 0, "cpu_h": 0.0, "gpu_h": 0.0})
+    """CPU/GPU-hours per (scale, arm), and the share of trial seconds spent in training, evaluation and scoring
+    steps (cost/train_s + eval_s + score_s over cost/wall_s): the rest is framework setup, data preparation,
+    checkpoints and Tune's bookkeeping."""
+    by = defaultdict(lambda: {"runs": 0, "cpu_h": 0.0, "gpu_h": 0.0, "work_s": 0.0, "wall_s": 0.0})
     for r in runs:
         row = by[(r.scale, r.arm)]
         row["runs"] += 1
         row["cpu_h"] += r.metrics.get("cost/cpu_s", 0.0) / 3600
         row["gpu_h"] += r.metrics.get("cost/gpu_s", 0.0) / 3600
-    return [{"scale": s, "arm": a, **v} for (s, a), v in _sorted(by)]
+        row["work_s"] += sum(r.metrics.get(f"cost/{k}", 0.0) for k in WORK_KINDS)
+        row["wall_s"] += r.metrics.get("cost/wall_s", 0.0)
+    return [{"scale": s, "arm": a, **v, "compute_share": v["work_s"] / v["wall_s"] if v["wall_s"] else None}
+            for (s, a), v in _sorted(by)]
 
 
 def probes(data: SweepRuns) -> dict:
@@ -522,6 +590,10 @@ def _ratio(r) -> str:
     return f"{r:g}"
 
 
+def _p(p) -> str:
+    return "—" if p is None else (f"{p:.2g}" if p >= 1e-3 else "<0.001")
+
+
 # ------------------------------------------------------------------------------------------------ the report
 
 
@@ -537,47 +609,104 @@ class Report:
     scales: list[dict]
     costs: list[dict]
     probes: dict
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    learning_rates: list[dict] = field(default_factory=list)
+    evaluation: list[dict] = field(default_factory=list)
 
     def verdict_json(self) -> dict:
         return {"sweep": self.data.sweep, "spec_hash": self.data.spec_hash, "comparisons": self.comparisons,
-                "prunable": self.prunable, "prune_curves": self.curves}
+                "prunable": self.prunable, "prune_curves": self.curves,
+                "diagnostics": [d.to_json() for d in self.diagnostics],
+                "headline": [{"scale": s, "family": f, "headline": self.headline(s, f),
+                              "untrustworthy": bool(untrustworthy(self.diagnostics, s, f))}
+                             for s, f in self.scale_families()],
+                "learning_rates": self.learning_rates, "evaluation": self.evaluation}
 
     def primary(self) -> list[dict]:
         return [c for c in self.comparisons if c["primary"]]
 
-    def overall(self, scale: str, family: str, ratio: float) -> str:
-        """The claim at one (scale, family, ratio), both halves, primary comparison."""
-        half1 = next((p for p in self.prunable if (p["scale"], p["family"], p["ratio"], p["method"], p["scope"],
-                                                   p["schedule"], p["eval_set"]) ==
-                      (scale, family, ratio, PRIMARY["method"], PRIMARY["scope"], PRIMARY["schedule"],
-                       PRIMARY["eval_set"])), None)
-        rows = [c for c in self.primary() if (c["scale"], c["family"], c["ratio"]) == (scale, family, ratio)]
-        if half1 is None or not rows:
+    def scale_families(self) -> list[tuple[str, str]]:
+        return _scale_families(self.prunable)
+
+    def headline(self, scale: str, family: str) -> str:
+        """The claim at one (scale, family): untrustworthy when a trust diagnostic failed; else half (1) at each
+        ratio and half (2) per control, naming the controls behind each word (Holm-adjusted over the scale's
+        primary comparisons)."""
+        reasons = untrustworthy(self.diagnostics, scale, family)
+        if reasons:
+            return "untrustworthy: " + "; ".join(reasons)
+        h1 = [p for p in self.prunable if (p["scale"], p["family"], p["method"], p["scope"], p["schedule"],
+                                          p["eval_set"]) == (scale, family, PRIMARY["method"], PRIMARY["scope"],
+                                                             PRIMARY["schedule"], PRIMARY["eval_set"])]
+        rows = [c for c in self.primary() if (c["scale"], c["family"]) == (scale, family)]
+        if not h1:
             return "not tested (the primary comparison is not in this sweep)"
-        verdicts = {CONTROL_NAMES[c["control"]]: c["verdict"] for c in rows}
-        if half1["verdict"] == "not_prunable":
-            return "not supported: half (1) fails, pruning loses more than the declared tolerance"
-        refuted = [k for k, v in verdicts.items() if v == "refuted"]
-        if refuted:
-            return f"refuted: {', '.join(refuted)} trained from scratch beat{'s' if len(refuted) == 1 else ''} " \
-                   "the pruned model"
-        if all(v == "supported" for v in verdicts.values()):
-            return "supported: little is lost by pruning, and every control trained from scratch does worse"
-        if all(v == "insufficient_seeds" for v in verdicts.values()):
-            return "insufficient seeds for half (2)"
-        return "inconclusive: " + ", ".join(f"{k} {v}" for k, v in verdicts.items())
+        half1 = "; ".join(f"r{p['ratio']:g} {p['verdict'].replace('_', ' ')}" for p in sorted(h1, key=lambda p: p["ratio"]))
+        if not rows:
+            return f"half (1): {half1}; half (2) not tested (no controls)"
+        words = defaultdict(list)
+        for c in sorted(rows, key=lambda c: (c["ratio"], CONTROL_ARMS.index(c["control"]))):
+            words[c["verdict"]].append(f"{CONTROL_NAMES[c['control']]} r{c['ratio']:g}")
+        order = ("supported", "refuted", "inconclusive", "insufficient_seeds")
+        half2 = "; ".join(f"{w.replace('_', ' ')} vs {', '.join(words[w])}" for w in order if words[w])
+        return f"half (1): {half1}; half (2): {half2} (Holm-adjusted over {len(rows)} comparison(s))"
 
 
-def build(data: SweepRuns) -> Report:
+def learning_rates(runs: list[Run]) -> list[dict]:
+    """Every arm's learning rate and where it came from (preset, the sweep, searched for its architecture), and
+    the recovery fine-tune's (the sweep's, or chosen on val from a grid)."""
+    by = defaultdict(lambda: {"lrs": set(), "sources": set(), "ft": set(), "ft_source": set(), "runs": 0})
+    for r in runs:
+        arch = f"{r.tag('heads')}x{r.params.get('head_dim', '?')}"
+        row = by[(r.scale, r.family, r.arm, r.ratio, r.scope, arch)]
+        row["runs"] += 1
+        if "lr" in r.params:
+            row["lrs"].add(float(r.params["lr"]))
+        row["sources"].add(r.params.get("lr_source", "unrecorded"))
+        if r.arm == "pruned" and "finetune/lr" in r.metrics:
+            row["ft"].add(r.metrics["finetune/lr"])
+            row["ft_source"].add("sweep" if r.params.get("finetune_lr", "val-grid") != "val-grid"
+                                 else f"val-grid {r.params.get('finetune_lr_grid', '')}")
+    out = []
+    for (scale, family, arm, ratio, scope, arch), v in _sorted(by):
+        out.append({"scale": scale, "family": family, "arm": arm, "ratio": ratio, "scope": scope, "arch": arch,
+                    "runs": v["runs"], "lr": sorted(v["lrs"]), "lr_source": sorted(v["sources"]),
+                    "finetune_lr": sorted(v["ft"]), "finetune_lr_source": sorted(v["ft_source"])})
+    return out
+
+
+def evaluation_info(runs: list[Run]) -> list[dict]:
+    """Per (scale, family, eval set): tokens each run is scored on and the windows left out as duplicates of
+    training text."""
+    by = {}
+    for r in runs:
+        if r.arm != "dense":
+            continue
+        for k, v in r.metrics.items():
+            parts = k.split("/")
+            if len(parts) == 3 and parts[0] == "final" and parts[2] == "tokens":
+                by[(r.scale, r.family, parts[1])] = {
+                    "scale": r.scale, "family": r.family, "eval_set": parts[1], "tokens": int(v),
+                    "windows_excluded": int(r.metrics.get(f"eval/{parts[1]}/windows_excluded", 0))}
+    return [v for _, v in _sorted(by)]
+
+
+def build(data: SweepRuns, windows: Windows | None = None) -> Report:
     tol = data.spec.prune.tolerance if data.spec is not None else 0.05
+    final_drop = data.spec.trust.final_drop if data.spec is not None else 0.05
     runs = data.runs
     if not any(r.arm == "pruned" for r in runs):
         raise HeadroomInputError(f"sweep {data.sweep!r} (spec {data.spec_hash}) has no finished pruned run: "
                                  "nothing to compare yet")
-    comps = comparisons(runs)
+    comps = comparisons(runs, windows)
     curves = prune_curves(runs)
-    return Report(data, tol, comps, prunable(runs, tol), curves, prunable_fractions(curves, tol), best_methods(runs),
-                  across_scales(comps, _scale_params(runs)), costs(runs), probes(data))
+    h1 = prunable(runs, tol)
+    from lightning_modules.config import SCALES
+
+    diags = diagnose(runs, data.histories, _scale_families(h1), [*SCALES], PRIMARY["method"], final_drop)
+    return Report(data, tol, comps, h1, curves, prunable_fractions(curves, tol), best_methods(runs),
+                  across_scales(comps, _scale_params(runs)), costs(runs), probes(data), diags, learning_rates(runs),
+                  evaluation_info(runs))
 
 
 def _scale_families(rows: list[dict]) -> list[tuple[str, str]]:
@@ -601,7 +730,9 @@ def render(rep: Report, out: Path) -> Doc:
           f"the smaller head count trained from scratch does worse (half 2: over-provisioning). Spec "
           f"`{d.spec_hash}`, MLflow parent run `{d.parent_id}`; {len(d.runs)} finished unit(s). Losses are "
           f"mean per-token cross-entropy (nats; lower is better). Differences are control − pruned, paired by seed: "
-          f"positive means pruning wins. Intervals are 95% Student-t intervals over seeds.")
+          f"positive means pruning wins. Intervals are 95% Student-t intervals whose standard error adds the "
+          f"sampling variance of the eval windows to the spread over seeds (section 9); a scale's primary "
+          f"comparisons are Holm-adjusted as one family.")
     if d.missing:
         doc.p(f"**Partial report**: {len(d.missing)} planned unit(s) have no finished run; rows that need them "
               f"are absent. Missing: " + ", ".join(f"`{m}`" for m in d.missing[:40])
@@ -612,32 +743,45 @@ def render(rep: Report, out: Path) -> Doc:
     doc.p(f"Primary comparison: method `{PRIMARY['method']}`, scope `{PRIMARY['scope']}`, schedule "
           f"`{PRIMARY['schedule']}`, after {ft} recovery fine-tune steps, eval set `{PRIMARY['eval_set']}`. "
           f"Half (1) uses the loss before fine-tune, within the sweep's declared tolerance of "
-          f"{rep.tolerance:.0%} of dense.")
+          f"{rep.tolerance:.0%} of dense. Half (2) is stated per control (Holm-adjusted over the scale's ratios × "
+          f"controls). A scale whose trust diagnostics fail (section 2) is **untrustworthy**: no verdict is given "
+          f"on it.")
     lines, table = [], []
     for scale, family in scale_fams:
+        lines.append(f"**{scale} {family}**: {rep.headline(scale, family)}.")
         for ratio in sorted({c["ratio"] for c in rep.prunable if (c["scale"], c["family"]) == (scale, family)}):
-            claim = rep.overall(scale, family, ratio)
-            lines.append(f"**{scale} {family}, ratio {_ratio(ratio)}**: {claim}.")
             h1 = [p for p in rep.prunable if (p["scale"], p["family"], p["ratio"], p["eval_set"], p["scope"],
                                               p["schedule"]) == (scale, family, ratio, "id", "per_layer", "one_shot")]
             prim = {c["control"]: c for c in rep.primary() if (c["scale"], c["family"], c["ratio"]) ==
                     (scale, family, ratio)}
             table.append([scale, family, _ratio(ratio),
                           ", ".join(f"{p['method']} {p['verdict']}" for p in h1) or "—",
-                          *[(f"{prim[a]['verdict']} ({prim[a]['diff_mean']:+.4f}, {_ci(prim[a]['ci95'])})"
-                             if a in prim else "—") for a in CONTROL_ARMS]])
+                          *[(f"{prim[a]['verdict']} ({prim[a]['diff_mean']:+.4f}, Holm {_ci(prim[a]['ci95_holm'])}"
+                             f", p_Holm {_p(prim[a]['p_holm'])})" if a in prim else "—") for a in CONTROL_ARMS]])
     doc.items(lines)
     doc.table(["scale", "family", "ratio", "half (1): prunable before fine-tune (id)",
-               *[f"half (2) vs {CONTROL_NAMES[a]}: verdict (diff, CI)" for a in CONTROL_ARMS]], table)
+               *[f"half (2) vs {CONTROL_NAMES[a]}: verdict (diff, adjusted CI, adjusted p)" for a in CONTROL_ARMS]],
+              table)
     if not rep.comparisons:
         doc.p("Half (2) was not tested: the sweep has no controls trained from scratch.")
 
-    # ---- 2. prune vs control
-    doc.h(2, "2. Pruned vs controls at matched head counts")
+    # ---- 2. trust diagnostics
+    doc.h(2, "2. Trust diagnostics")
+    doc.p("Checks that the models are trained enough for the question (orchestration/diagnostics.py). A failed "
+          "check makes the scale's headline untrustworthy; `not tested` means the sweep lacks what the check needs. "
+          f"`converged` uses the sweep's declared threshold (`trust.final_drop`).")
+    doc.table(["scale", "family", "check", "result", "detail"],
+              [[g.scale, g.family, g.check, {True: "passed", False: "**failed**", None: "not tested"}[g.passed],
+                g.detail] for g in rep.diagnostics])
+
+    # ---- 3. prune vs control
+    doc.h(2, "3. Pruned vs controls at matched head counts")
     doc.p("Each row pairs the pruned models with the controls of the same seeds. `pre-FT` is the masked model before "
           "recovery fine-tuning; `best on val` is the method with the lowest validation loss after fine-tuning "
           "(chosen on the validation set, never an eval set). Verdicts: supported (pruned better, CI above 0), "
-          "refuted (control better, CI below 0), inconclusive, insufficient_seeds (n < 2, no interval).")
+          "refuted (control better, CI below 0), inconclusive, insufficient_seeds (n < 2, no interval). The primary "
+          "rows' verdicts are Holm-adjusted (`Holm CI`, `p Holm`: the scale's ratios × controls are one family); "
+          "secondary rows are unadjusted.")
     forest = pdir / "comparisons.png"
     plots.forest_plot([c for c in rep.comparisons if c["eval_set"] == "id" and c["scope"] == "per_layer"
                        and c["schedule"] == "one_shot" and c["method"] == PRIMARY["method"]], forest)
@@ -651,7 +795,8 @@ def render(rep: Report, out: Path) -> Doc:
         row = [c["scale"], c["family"], _ratio(c["ratio"]), c["heads_dense"], c["heads_kept"], label,
                c["scope"], c["schedule"], "pre-FT" if c["finetune_steps"] == 0 and ft else c["finetune_steps"],
                CONTROL_NAMES[c["control"]], c["eval_set"], c["n_seeds"], c["pruned_loss"], c["control_loss"],
-               f"{c['diff_mean']:+.4f}", _ci(c["ci95"]), c["verdict"]]
+               f"{c['diff_mean']:+.4f}", _ci(c["ci95"]), _p(c["p_value"]), _ci(c["ci95_holm"]), _p(c["p_holm"]),
+               c["verdict"]]
         main_method = c["method"] == PRIMARY["method"] or is_best
         if (main_method and c["scope"] == "per_layer" and c["schedule"] == "one_shot"
                 and c["eval_set"] == PRIMARY["eval_set"]):
@@ -659,15 +804,15 @@ def render(rep: Report, out: Path) -> Doc:
         else:
             second.append(row)
     head = ["scale", "family", "ratio", "H", "kept", "method", "scope", "schedule", "fine-tune", "control", "set",
-            "n", "pruned", "control", "diff", "95% CI", "verdict"]
+            "n", "pruned", "control", "diff", "95% CI", "p", "Holm CI", "p Holm", "verdict"]
     doc.table(head, main_rows)
     if second:
         doc.h(3, "Secondary combinations")
         doc.p("Other methods, scopes, schedules and eval sets. Secondary: reported, not the headline.")
         doc.table(head, second)
 
-    # ---- 3. replication across eval sets
-    doc.h(2, "3. Eval-set replication")
+    # ---- 4. replication across eval sets
+    doc.h(2, "4. Eval-set replication")
     if len(sets) < 2:
         doc.p("Replication was not tested: the data source offers no shifted eval set.")
     else:
@@ -689,8 +834,8 @@ def render(rep: Report, out: Path) -> Doc:
               f"{len(rows)} case(s). Disagreement would make a verdict a benchmark artifact.")
         doc.table(["scale", "family", "ratio", "control", *sets, "agree"], rows)
 
-    # ---- 4. prune curves
-    doc.h(2, "4. Prune curves")
+    # ---- 5. prune curves
+    doc.h(2, "5. Prune curves")
     doc.p(f"Loss vs fraction of heads removed, mask only (no fine-tune; the heads ranked once by each method), mean "
           f"over seeds with a 95% band; crosses: the swept ratios after {ft} fine-tune steps. The prunable fraction "
           f"is the largest ratio up to which the mean curve stays within {rep.tolerance:.0%} of dense (Michel et "
@@ -717,8 +862,8 @@ def render(rep: Report, out: Path) -> Doc:
     doc.table(["scale", "family", "method", "scope", "schedule", "set", "ratio", "n", "dense", "pruned (pre-FT)",
                "verdict"], h1_rows)
 
-    # ---- 5. across scales
-    doc.h(2, "5. Across scales")
+    # ---- 6. across scales
+    doc.h(2, "6. Across scales")
     fits = [s for s in rep.scales if len(s["scales"]) >= 2]
     if not fits:
         doc.p("One scale only: whether the gap grows or shrinks with size is not tested by this sweep.")
@@ -740,8 +885,8 @@ def render(rep: Report, out: Path) -> Doc:
         doc.table(["family", "ratio", "control", "scales", "gap per scale", "slope / decade", "95% CI",
                    "pruning's advantage"], rows)
 
-    # ---- 6. probes
-    doc.h(2, "6. Mechanism probes")
+    # ---- 7. probes
+    doc.h(2, "7. Mechanism probes")
     if not rep.probes:
         doc.p("Not measured: the sweep has no `probes` section.")
     else:
@@ -795,15 +940,54 @@ def render(rep: Report, out: Path) -> Doc:
             if _heatmap(d.uri, run, path, f"{scale} {family} seed {run.seed}: {method} importance"):
                 doc.img(path, f"{method} importance, {scale} {family}, seed {run.seed}")
 
-    # ---- 7. cost
-    doc.h(2, "7. Cost")
+    # ---- 8. learning rates
+    doc.h(2, "8. Learning rates")
+    doc.p("Every arm's peak learning rate and where it came from: `preset` (the scale's), `sweep` (one number for "
+          "all), `searched` (Optuna over this architecture, the same trials and steps for every architecture; "
+          "`searched:<arch>` for a global prune's controls, which take the rate of the uniform shape with the same "
+          "ratio). A pruned arm trains at its dense model's rate; its recovery fine-tune's rate is the sweep's or "
+          "chosen on the validation split from a grid of multiples of the dense rate. Without a search every arm "
+          "trains at the same rate, tuned for none of them.")
+    doc.table(["scale", "family", "arm", "ratio", "scope", "heads × head_dim", "runs", "lr", "source",
+               "fine-tune lr", "fine-tune source"],
+              [[x["scale"], x["family"], x["arm"], "—" if x["ratio"] is None else _ratio(x["ratio"]), x["scope"],
+                x["arch"], x["runs"], ", ".join(f"{v:.3g}" for v in x["lr"]) or "—", ", ".join(x["lr_source"]),
+                ", ".join(f"{v:.3g}" for v in x["finetune_lr"]) or "—", ", ".join(x["finetune_lr_source"]) or "—"]
+               for x in rep.learning_rates])
+
+    # ---- 9. evaluation and statistics
+    doc.h(2, "9. Evaluation data and statistics")
+    doc.p("Every run is scored on the same windows of each eval set: every window of the split (up to a stated cap "
+          "of 2^20 tokens, or the sweep's `eval_batches`), leaving out windows whose tokens also occur verbatim "
+          "in the training stream (documents repeated across splits are removed before splitting; shared "
+          "boilerplate can remain). Tokens scored per run and windows left out:")
+    doc.table(["scale", "family", "eval set", "tokens per run", "windows left out (in train)"],
+              [[e["scale"], e["family"], e["eval_set"], e["tokens"], e["windows_excluded"]] for e in rep.evaluation])
+    shares = [c["window_share"] for c in rep.primary() if c["window_share"] is not None]
+    if shares:
+        doc.p(f"Which windows an eval set happens to hold is a second source of chance besides the seeds. Each "
+              f"interval's standard error adds the windows' sampling variance (per-window losses, paired across "
+              f"arms) to the spread over seeds. In the primary comparisons the windows make "
+              f"{min(shares):.0%}–{max(shares):.0%} of that variance (median {statistics.median(shares):.0%}): "
+              + ("the seeds dominate." if statistics.median(shares) < 0.5 else "the windows dominate: a larger "
+                 "eval set would tighten the intervals more than more seeds."))
+    else:
+        doc.p("The runs recorded no per-window losses: the intervals are over seeds alone, and the sampling "
+              "variance of the eval windows is not included.")
+
+    # ---- 10. cost
+    doc.h(2, "10. Cost")
     total_cpu = sum(c["cpu_h"] for c in rep.costs)
     total_gpu = sum(c["gpu_h"] for c in rep.costs)
+    work = sum(c["work_s"] for c in rep.costs)
+    wall = sum(c["wall_s"] for c in rep.costs)
     doc.p(f"Trial time × resources per trial (MLflow `cost/cpu_s`, `cost/gpu_s`), in hours: {total_cpu:.3f} "
           f"CPU-hours and {total_gpu:.3f} GPU-hours in all. The price of over-provisioning is the dense arm against "
-          "the Scratch-E arm of the same steps.")
-    doc.table(["scale", "arm", "runs", "CPU-hours", "GPU-hours"],
-              [[c["scale"], c["arm"], c["runs"], f"{c['cpu_h']:.3f}", f"{c['gpu_h']:.3f}"] for c in rep.costs])
+          "the Scratch-E arm of the same steps. Compute share: the fraction of trial seconds spent in training, "
+          "evaluation and scoring steps" + (f" ({work / wall:.0%} in all)." if wall else "."))
+    doc.table(["scale", "arm", "runs", "CPU-hours", "GPU-hours", "compute share"],
+              [[c["scale"], c["arm"], c["runs"], f"{c['cpu_h']:.3f}", f"{c['gpu_h']:.3f}",
+                "—" if c["compute_share"] is None else f"{c['compute_share']:.0%}"] for c in rep.costs])
     return doc
 
 
@@ -854,7 +1038,7 @@ def write_report(uri: str, sweep_name: str, out: Path | None = None, log: bool =
     """Build the report of the sweep's newest parent, write it to `out` (default reports/<sweep>/) and log it to
     the parent run. Raises HeadroomInputError when there is nothing to report (before writing anything)."""
     data = load_sweep_runs(uri, sweep_name)
-    rep = build(data)
+    rep = build(data, Windows(uri))
     out = Path(out or Path("reports", sweep_name)).resolve()
     out.mkdir(parents=True, exist_ok=True)
     doc = render(rep, out)
@@ -886,18 +1070,18 @@ def _jsonable(obj):
 def headline_table(rep: Report) -> str:
     """The headline as plain text for the terminal."""
     lines = [f"verdict of sweep {rep.data.sweep} (spec {rep.data.spec_hash}):"]
-    seen = set()
-    for c in rep.primary():
-        k = (c["scale"], c["family"], c["ratio"])
-        if k in seen:
-            continue
-        seen.add(k)
-        lines.append(f"  {c['scale']} {c['family']} r{c['ratio']:g}: {rep.overall(*k)}")
-        for d in rep.primary():
-            if (d["scale"], d["family"], d["ratio"]) == k:
-                lines.append(f"      vs {CONTROL_NAMES[d['control']]:<9} {d['verdict']:<18} diff {d['diff_mean']:+.4f} "
-                             f"CI {_ci(d['ci95'])} (n={d['n_seeds']})")
-    if len(lines) == 1:  # no controls (a pretrained sweep): half (1) only
+    if rep.comparisons:
+        for scale, family in rep.scale_families():
+            lines.append(f"  {scale} {family}: {rep.headline(scale, family)}")
+            for d in rep.primary():
+                if (d["scale"], d["family"]) == (scale, family):
+                    lines.append(f"      r{d['ratio']:g} vs {CONTROL_NAMES[d['control']]:<9} {d['verdict']:<18} "
+                                 f"diff {d['diff_mean']:+.4f} CI {_ci(d['ci95'])} p_Holm {_p(d['p_holm'])} "
+                                 f"(n={d['n_seeds']})")
+            for g in rep.diagnostics:
+                if (g.scale, g.family) == (scale, family) and g.passed is False:
+                    lines.append(f"      failed check {g.check}: {g.detail}")
+    else:  # no controls (a pretrained sweep): half (1) only
         for p in rep.prunable:
             if (p["scope"], p["schedule"], p["eval_set"]) == (PRIMARY["scope"], PRIMARY["schedule"], "id"):
                 lines.append(f"  {p['scale']} {p['family']} r{p['ratio']:g} {p['method']}: {p['verdict']} "

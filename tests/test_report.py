@@ -143,11 +143,12 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     uri, d, store, parent = planted
     out, rep = write_report(uri, "planted", d / "report")
     v = json.loads((out / "verdict.json").read_text())
-    assert set(v) == {"sweep", "spec_hash", "comparisons", "prunable", "prune_curves"}
+    assert set(v) == {"sweep", "spec_hash", "comparisons", "prunable", "prune_curves", "diagnostics", "headline",
+                      "learning_rates", "evaluation"}
     assert v["sweep"] == "planted" and v["spec_hash"] == "aaaa"
     keys = {"scale", "family", "ratio", "heads_dense", "heads_kept", "method", "scope", "schedule", "finetune_steps",
             "control", "eval_set", "primary", "n_seeds", "dense_loss", "pruned_loss", "control_loss", "diff_mean",
-            "ci95", "verdict"}
+            "ci95", "verdict", "p_value", "p_holm", "ci95_holm", "verdict_raw", "eval_tokens", "window_share"}
     assert all(set(c) == keys for c in v["comparisons"])
     expected = {"scratch_e": "supported", "scratch_b": "inconclusive", "wide": "refuted"}
     for arm, gap in GAP.items():
@@ -185,8 +186,18 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     assert rep.fractions[("xs", "decoder", "gradient", "per_layer", "one_shot", "id")] == 0.4
     assert rep.fractions[("xs", "decoder", "random", "per_layer", "one_shot", "id")] == 0.1
 
-    # the claim at xs: half (1) holds, but wide beats the pruned model
-    assert rep.overall("xs", "decoder", 0.5).startswith("refuted: wide")
+    # the claim at xs, per control (Holm over the three primary comparisons changes none of them here)
+    assert rep.headline("xs", "decoder") == ("half (1): r0.5 prunable; half (2): supported vs Scratch-E r0.5; "
+                                             "refuted vs wide r0.5; inconclusive vs Scratch-B r0.5 "
+                                             "(Holm-adjusted over 3 comparison(s))")
+    for arm in GAP:
+        c = _row(v["comparisons"], scale="xs", control=arm, method="gradient", eval_set="id", finetune_steps=10)
+        assert c["p_value"] == pytest.approx(stats.ttest_1samp(GAP[arm], 0.0).pvalue)
+        assert c["verdict"] == c["verdict_raw"] and c["window_share"] is None  # no per-window losses planted
+    # trust: the planted models pass what can be checked; no loss history, so `converged` is not tested
+    diag = {(d["scale"], d["check"]): d["passed"] for d in v["diagnostics"]}
+    assert diag[("xs", "dense_vs_scratch_e")] is True and diag[("xs", "informative_beats_random")] is True
+    assert diag[("xs", "converged")] is None
     # across scales: two scales, a slope and no interval
     fit = next(f for f in rep.scales if f["control"] == "scratch_e")
     assert fit["scales"] == ["xs", "s"] and fit["slope_ci95"] is None and fit["slope"] is not None
@@ -195,8 +206,9 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     assert "s-decoder-dense-s1" in rep.data.missing and "xs-decoder-dense-s0" not in rep.data.missing
     md = (out / "report.md").read_text()
     assert "Partial report" in md and "`s-decoder-dense-s1`" in md
-    for section in ("1. Headline", "2. Pruned vs controls", "3. Eval-set replication", "4. Prune curves",
-                    "5. Across scales", "6. Mechanism probes", "7. Cost"):
+    for section in ("1. Headline", "2. Trust diagnostics", "3. Pruned vs controls", "4. Eval-set replication",
+                    "5. Prune curves", "6. Across scales", "7. Mechanism probes", "8. Learning rates",
+                    "9. Evaluation data and statistics", "10. Cost"):
         assert section in md
     assert "Secondary combinations" in md
     # probes: prunable fraction 0.9 at init, lowest 0.2 at step 50, 0.4 at the end; CKA higher at init

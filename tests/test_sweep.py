@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from scipy import stats
+
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -76,13 +78,14 @@ def test_smoke_sweep_one_parent_and_every_unit_a_child_with_the_contract(smoke):
     assert {"version/torch", "version/ray", "version/mlflow", "version/transformers"} <= set(parent.data.params)
     arts = {a.path for a in c.list_artifacts(parent.info.run_id, "sweep")}
     assert arts == {"sweep/smoke.yaml", "sweep/resolved.json"}
-    # 2 families × 4 lr candidates; 2 families × 2 seeds × (dense, scratch_e, scratch_b); × 2 methods pruned
+    # 2 families × 2 architectures (8 and 4 heads) × 4 lr candidates; 2 families × 2 seeds × (dense, scratch_e,
+    # scratch_b); × 2 methods pruned
     by_stage = {}
     for r in children:
         assert r.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert all(r.data.tags.get(f"headroom.{t}") for t in TAGS), r.data.tags
         by_stage.setdefault(r.data.tags["headroom.stage"], []).append(r)
-    assert {k: len(v) for k, v in by_stage.items()} == {"lr_search": 8, "train": 12, "prune": 8}
+    assert {k: len(v) for k, v in by_stage.items()} == {"lr_search": 16, "train": 12, "prune": 8}
     keys = [r.data.tags["headroom.key"] for r in children]
     assert len(set(keys)) == len(keys)
     arms = sorted((r.data.tags["headroom.arm"], r.data.tags["headroom.family"]) for r in by_stage["train"])
@@ -135,24 +138,37 @@ def test_smoke_scratch_b_gets_the_compute_of_the_pruned_arm(smoke):
 
 
 def test_smoke_lr_search_feeds_the_train_stage(smoke):
+    """One search per architecture trained from scratch (dense 8 heads; Scratch-E/B 4 heads), and every arm trains
+    at its own architecture's best rate, as the Optuna study records it."""
     import optuna
 
     c = client(smoke["cwd"])
     _, children = split(runs_of(c, "smoke"))
+    db = next((smoke["cwd"] / "ray_results").glob("smoke-*/optuna.db"))
+    studies = {s.study_name.rsplit("-", 2)[-2:][0] + "-" + s.study_name.rsplit("-", 1)[-1]: s.study_name
+               for s in optuna.get_all_study_summaries(f"sqlite:///{db}")}
     for fam in ("decoder", "encoder"):
-        cands = [r for r in children if r.data.tags["headroom.stage"] == "lr_search"
-                 and r.data.tags["headroom.family"] == fam]
-        assert len(cands) == 4 and len({r.data.params["lr"] for r in cands}) == 4
-        best = min(cands, key=lambda r: r.data.metrics["val/loss"])
-        used = {r.data.params["lr"] for r in children if r.data.tags["headroom.stage"] == "train"
-                and r.data.tags["headroom.family"] == fam}
-        assert used == {best.data.params["lr"]}
-        # the Optuna study lives under the storage path and agrees
-        db = next((smoke["cwd"] / "ray_results").glob("smoke-*/optuna.db"))
-        name = next(s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{db}")
-                    if s.study_name.endswith(f"-xs-{fam}"))
-        study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
-        assert float(used.pop()) == pytest.approx(study.best_trial.params["lr"], rel=1e-9)
+        for heads, arms in (("8", ("dense",)), ("4", ("scratch_e", "scratch_b"))):
+            cands = [r for r in children if r.data.tags["headroom.stage"] == "lr_search"
+                     and r.data.tags["headroom.family"] == fam and r.data.tags["headroom.heads"] == heads]
+            assert len(cands) == 4 and len({r.data.params["lr"] for r in cands}) == 4
+            best = min(cands, key=lambda r: r.data.metrics["val/loss"])
+            used = {r.data.params["lr"] for r in children if r.data.tags["headroom.stage"] == "train"
+                    and r.data.tags["headroom.family"] == fam and r.data.tags["headroom.arm"] in arms}
+            assert used == {best.data.params["lr"]}
+            assert {r.data.params["lr_source"] for r in children if r.data.tags["headroom.stage"] == "train"
+                    and r.data.tags["headroom.arm"] in arms} == {"searched"}
+            # the Optuna study of that architecture lives under the storage path and agrees
+            study = optuna.load_study(study_name=studies[f"{fam}-{heads}x8"], storage=f"sqlite:///{db}")
+            assert float(used.pop()) == pytest.approx(study.best_trial.params["lr"], rel=1e-9)
+    # the recovery fine-tune's rate was chosen on val from the grid around the dense rate
+    for r in children:
+        if r.data.tags["headroom.arm"] == "pruned":
+            grid = [float(x) for x in r.data.params["finetune_lr_grid"].split(",")]
+            vals = {float(k.rsplit("lr", 1)[1]): v for k, v in r.data.metrics.items()
+                    if k.startswith("finetune/val_loss/")}
+            assert len(vals) == 3 and r.data.metrics["finetune/lr"] == pytest.approx(min(vals, key=vals.get))
+            assert sorted(vals) == pytest.approx(sorted(grid), rel=1e-2)
 
 
 def test_smoke_sweep_prints_progress_and_summary(smoke):
@@ -160,6 +176,11 @@ def test_smoke_sweep_prints_progress_and_summary(smoke):
     assert "[headroom] train: 12 trial(s)" in out and "[headroom] prune: 8 trial(s)" in out
     assert "mean final loss" in out and "pruned:gradient" in out and "scratch_b" in out
     assert "verdict of sweep smoke" in out
+    assert re.search(r"plan: 20 unit\(s\) checked on the meta device", out)
+    # the compute share, from the runs' own timings
+    m = re.search(r"compute share: (\d+)% of (\d+) trial-seconds \((\d+) trials\)", out)
+    assert m and int(m.group(3)) == 36 and 0 < int(m.group(1)) <= 100
+    assert re.search(r"wall time \d+ s: lr_search \d+ s, train \d+ s, prune \d+ s", out)
 
 
 def test_smoke_dense_runs_log_their_probes_once_per_step(smoke):
@@ -197,8 +218,18 @@ def test_smoke_sweep_writes_the_verdict_report(smoke):
                  for s in (0, 1)]
         assert x["n_seeds"] == 2 and x["diff_mean"] == pytest.approx(sum(diffs) / 2, abs=1e-9)
         assert x["verdict"] in VERDICTS and x["ci95"][0] <= x["diff_mean"] <= x["ci95"][1]
+        # the interval includes the eval windows' variance: at least as wide as the seeds' alone
+        seeds_only = stats.t.interval(0.95, 1, loc=x["diff_mean"], scale=stats.sem(diffs))
+        assert x["ci95"][1] - x["ci95"][0] >= seeds_only[1] - seeds_only[0] - 1e-9 and 0 < x["window_share"] < 1
         want = "supported" if x["ci95"][0] > 0 else "refuted" if x["ci95"][1] < 0 else "inconclusive"
-        assert x["verdict"] == want
+        assert x["verdict_raw"] == want
+        held = x["ci95_holm"]
+        assert x["verdict"] == ("supported" if held[0] > 0 else "refuted" if held[1] < 0 else "inconclusive")
+    # 40-step models: the report does not pretend they carry a verdict
+    diags = {(d["family"], d["check"]): d["passed"] for d in v["diagnostics"]}
+    assert len(diags) == 8 and diags[("decoder", "larger_scale_not_worse")] is None
+    for h in v["headline"]:
+        assert h["untrustworthy"] == any(d["passed"] is False for d in v["diagnostics"] if d["family"] == h["family"])
     assert {(p["family"], p["method"]) for p in v["prunable"] if p["eval_set"] == "id"} == {
         (f, m) for f in ("decoder", "encoder") for m in ("gradient", "random")}
     md = (out / "report.md").read_text()
