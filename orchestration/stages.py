@@ -423,7 +423,8 @@ class Sweeper:
         if share is not None:
             print(f"compute share: {share['share']:.0%} of {share['trial_s']:.0f} trial-seconds ({share['trials']} "
                   f"trials) in training, evaluation and scoring steps (train {share['train_s']:.0%}, eval "
-                  f"{share['eval_s']:.0%}, score {share['score_s']:.0%}); the rest is setup, data, checkpoints")
+                  f"{share['eval_s']:.0%}, score {share['score_s']:.0%}); the rest is setup, data, checkpoints "
+                  "(lr candidates stopped early by ASHA report no timings)")
 
 
 def _checkpoint_id(model_dir: str) -> str:

@@ -64,6 +64,22 @@ def test_sweep_reuse_writes_json(tmp_path):
     assert res["naive_ratio"] > res["ratio"] and res["meets_goal"] == (res["ratio"] <= 0.2)
 
 
+def test_compute_share_through_headroom_bench(tmp_path):
+    """A real (tiny) sweep's trials report where their seconds went; the share is recomputed here from the
+    per-stage numbers the JSON also holds, and `headroom bench` prints it against its goal."""
+    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "bench", "compute_share", "--tiny", "--out-dir",
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "compute_share.json").read_text())
+    assert res["benchmark"] == "compute_share" and res["goal"] == 0.6 and res["size"] == "tiny"
+    # 1 scale × 2 seeds × (dense, 2 controls) trained, 2 dense × 2 methods pruned (quickstart's arms)
+    assert res["trials"] == 2 * 3 + 2 * 2
+    assert res["ratio"] == pytest.approx(res["train_share"] + res["eval_share"] + res["score_share"])
+    assert 0 < res["ratio"] <= 1 and 0 < res["machine_share"] <= res["ratio"]
+    assert set(res["by_stage"]) == {"train", "prune"} and res["work_s"] <= res["trial_s"]
+    assert f"compute_share: ratio {res['ratio']:.3g}; goal 0.6" in r.stdout
+
+
 def test_headroom_bench_refuses_an_unknown_benchmark():
     r = subprocess.run([sys.executable, "-m", "orchestration.cli", "bench", "nonesuch"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)

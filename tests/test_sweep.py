@@ -176,10 +176,10 @@ def test_smoke_sweep_prints_progress_and_summary(smoke):
     assert "[headroom] train: 12 trial(s)" in out and "[headroom] prune: 8 trial(s)" in out
     assert "mean final loss" in out and "pruned:gradient" in out and "scratch_b" in out
     assert "verdict of sweep smoke" in out
-    assert re.search(r"plan: 20 unit\(s\) checked on the meta device", out)
-    # the compute share, from the runs' own timings
+    assert re.search(r"plan: 24 unit\(s\) checked on the meta device", out)  # 4 searches, 12 trained, 8 pruned
+    # the compute share, from the runs' own timings (lr candidates ASHA stopped early report none)
     m = re.search(r"compute share: (\d+)% of (\d+) trial-seconds \((\d+) trials\)", out)
-    assert m and int(m.group(3)) == 36 and 0 < int(m.group(1)) <= 100
+    assert m and 20 <= int(m.group(3)) <= 36 and 0 < int(m.group(1)) <= 100
     assert re.search(r"wall time \d+ s: lr_search \d+ s, train \d+ s, prune \d+ s", out)
 
 

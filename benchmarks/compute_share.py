@@ -1,0 +1,103 @@
+"""How much of a sweep's trial time is the work itself: seconds inside training, evaluation and scoring steps ÷
+trial seconds, over every trial of the sweep.
+
+Runs the quickstart sweep through the real `headroom sweep` machinery (local Ray, MLflow in a temporary SQLite
+store) and reads each unit's timings back from MLflow (`cost/train_s`, `cost/eval_s`, `cost/score_s` measured
+inside the trial, `cost/wall_s` Tune's trial time). The rest of a trial is framework setup, data preparation,
+checkpoints and reporting. Beside it, the same work over the sweep's wall time × the CPUs it had: what the
+machine as a whole spent on the experiment (Ray's start, planning and the report included).
+
+    python benchmarks/compute_share.py            # the quickstart as shipped (about 10 minutes on 2 cores)
+    python benchmarks/compute_share.py --tiny     # the quickstart at smoke size (CI: checks the JSON)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+GOAL = 0.6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--sweep", default=str(ROOT / "sweeps" / "quickstart.yaml"), help="the sweep file to measure")
+    ap.add_argument("--out", default="benchmarks/results/compute_share.json")
+    args = ap.parse_args()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+    from orchestration.plan import compute_share
+    from orchestration.spec import TrainOverrides, load_sweep
+
+    sweep, text = load_sweep(args.sweep)
+    if args.tiny:  # one scale, two seeds, a few steps: the same stages and arms
+        first = next(iter(sweep.scales))
+        tiny = sweep.scales[first].model_copy(update={"steps": 30, "overrides": TrainOverrides(
+            batch_size=8, seq_len=64, warmup_steps=3, val_every=15, val_batches=2, eval_batches=2)})
+        sweep = sweep.model_copy(update={"name": "bench-compute-share", "scales": {first: tiny}, "seeds": [0, 1],
+                                         "probes": None})
+
+    work = Path(tempfile.mkdtemp(prefix="headroom-bench-"))
+    cwd = os.getcwd()
+    os.chdir(work)  # mlflow.db, ray_results/, reports/ go here
+    try:
+        from orchestration.stages import run_sweep
+
+        t0 = time.time()
+        rc = run_sweep(sweep, Path(args.sweep).name, text, progress=False)
+        wall = time.time() - t0
+        if rc != 0:
+            print("the sweep failed", file=sys.stderr)
+            return 1
+        from mlflow.tracking import MlflowClient
+
+        c = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
+        exp = c.get_experiment_by_name(sweep.name)
+        runs = [r for r in c.search_runs([exp.experiment_id], max_results=5000) if "mlflow.parentRunId" in r.data.tags]
+    finally:
+        os.chdir(cwd)
+
+    share = compute_share([r.data.metrics for r in runs])
+    cpus = os.cpu_count() or 1
+    work_s = share["share"] * share["trial_s"]
+    by_stage = {}
+    for stage in ("lr_search", "train", "prune"):
+        s = compute_share([r.data.metrics for r in runs if r.data.tags.get("headroom.stage") == stage])
+        if s is not None:
+            by_stage[stage] = s
+    result = {
+        "benchmark": "compute_share",
+        "sweep": sweep.name,
+        "size": "tiny" if args.tiny else "default",
+        "trials": share["trials"],
+        "trial_s": share["trial_s"],
+        "work_s": work_s,
+        "ratio": share["share"],
+        "train_share": share["train_s"],
+        "eval_share": share["eval_s"],
+        "score_share": share["score_s"],
+        "by_stage": {k: v["share"] for k, v in by_stage.items()},
+        "sweep_wall_s": wall,
+        "cpus": cpus,
+        "machine_share": work_s / (wall * cpus),
+        "goal": GOAL,
+        "meets_goal": share["share"] >= GOAL,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("ratio", "machine_share", "trials", "sweep_wall_s", "meets_goal")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
