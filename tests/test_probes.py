@@ -96,7 +96,7 @@ def test_probed_training_equals_unprobed(cache_dir):
     assert steps == [0, 4, 8]
     by = {(r[0], r[1]): r[2] for r in rows}
     for s in steps:
-        assert by[("probe/prunable_fraction", s)] in [round(0.1 * i, 1) for i in range(10)]
+        assert by[("probe/prunable_fraction", s)] in [k / 8 for k in range(8)]  # fractions 8 heads allow
         assert by[("probe/importance_spread", s)] >= 0
         assert 0 <= by[("probe/redundancy", s)] <= 1 + 1e-6
         layers = [by[(f"probe/redundancy/layer{l}", s)] for l in range(model_config_for("xs", "decoder").n_layers)]
