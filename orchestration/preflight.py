@@ -245,7 +245,7 @@ def _global_controls(sweep: Sweep, pruned: Unit, dense: Unit, total: int, search
 
 
 def _si(x: float) -> str:
-    for unit, f in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    for unit, f in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= f:
             return f"{x / f:.3g}{unit}"
     return f"{x:.3g}"
