@@ -18,7 +18,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,19 +49,12 @@ def main() -> int:
     cwd = os.getcwd()
     os.chdir(work)  # mlflow.db, ray_results/, reports/ go here
     try:
-        from orchestration.stages import run_sweep
+        from sweep_runs import run_and_read
 
-        t0 = time.time()
-        rc = run_sweep(sweep, Path(args.sweep).name, text, progress=False)
-        wall = time.time() - t0
-        if rc != 0:
-            print("the sweep failed", file=sys.stderr)
+        got = run_and_read(sweep, Path(args.sweep).name, text)
+        if got is None:
             return 1
-        from mlflow.tracking import MlflowClient
-
-        c = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
-        exp = c.get_experiment_by_name(sweep.name)
-        runs = [r for r in c.search_runs([exp.experiment_id], max_results=5000) if "mlflow.parentRunId" in r.data.tags]
+        wall, runs = got
     finally:
         os.chdir(cwd)
 

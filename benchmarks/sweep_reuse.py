@@ -79,19 +79,12 @@ def main() -> int:
     cwd = os.getcwd()
     os.chdir(work)  # mlflow.db, ray_results/ go here
     try:
-        from orchestration.stages import run_sweep
+        from sweep_runs import run_and_read
 
-        t0 = time.time()
-        rc = run_sweep(sweep, "smoke.yaml", "(benchmark)", progress=False)
-        sweep_wall = time.time() - t0
-        if rc != 0:
-            print("the sweep failed", file=sys.stderr)
+        got = run_and_read(sweep, "smoke.yaml", "(benchmark)")
+        if got is None:
             return 1
-        from mlflow.tracking import MlflowClient
-
-        c = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
-        exp = c.get_experiment_by_name(sweep.name)
-        runs = [r for r in c.search_runs([exp.experiment_id], max_results=1000) if "mlflow.parentRunId" in r.data.tags]
+        sweep_wall, runs = got
         dense_s = [r.data.metrics["cost/work_s"] for r in runs if r.data.tags["headroom.arm"] == "dense"]
         prune_s = [r.data.metrics["cost/work_s"] for r in runs if r.data.tags["headroom.stage"] == "prune"]
 
