@@ -10,7 +10,9 @@ architecture for as many steps as the dense run's FLOPs (plus recovery fine-tune
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -20,7 +22,6 @@ Family = Literal["decoder", "encoder"]
 FAMILIES: tuple[str, ...] = ("decoder", "encoder")
 
 # Byte-level tokenisation: ids 0..255 are bytes, then the specials.
-BYTE_VOCAB = 256
 PAD_ID, MASK_ID, EOS_ID = 256, 257, 258
 BYTE_VOCAB_SIZE = 260  # 256 bytes + pad, mask, eos, one spare (keeps the size a multiple of 4)
 
@@ -29,11 +30,24 @@ class HeadroomInputError(ValueError):
     """Bad user input. The CLI prints `str(err)` as one line on stderr and exits 2."""
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """Every validated config: unknown keys are errors, values never change after validation."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ModelConfig(_Strict):
+def jsonable(obj):
+    """obj with every non-finite float as None (JSON has no NaN or infinity), through dicts, lists and tuples."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    return obj
+
+
+class ModelConfig(Strict):
     """Architecture of one model. `head_dim=None` means d_model // n_heads (which must then divide).
 
     `heads_per_layer` describes a non-uniform model (a Scratch-E control of a `global` prune copies the pruned
@@ -104,7 +118,7 @@ Schedule = Literal["cosine", "linear", "constant"]
 Precision = Literal["auto", "32-true", "bf16-mixed", "16-mixed"]
 
 
-class TrainConfig(_Strict):
+class TrainConfig(Strict):
     steps: int = Field(gt=0)
     batch_size: int = Field(default=16, gt=0)
     seq_len: int = Field(default=128, gt=1)
@@ -131,7 +145,7 @@ EVAL_CAP_TOKENS = 1 << 20
 DATA_SOURCE_HELP = "stdlib, path:GLOB, hf:NAME[:CONFIG] or mqar"
 
 
-class DataConfig(_Strict):
+class DataConfig(Strict):
     """Where the text comes from and how it is cut into splits (see lightning_modules/corpus.py).
 
     source: `stdlib` | `path:GLOB` | `hf:NAME[:CONFIG]` | `mqar`.
@@ -259,7 +273,7 @@ def model_config_for(
         if heads_per_layer is not None:
             cfg = cfg.with_heads(heads_per_layer)
     except ValueError as e:
-        raise HeadroomInputError(f"scale {scale}: {_first_error(e)}") from None
+        raise HeadroomInputError(f"scale {scale}: {first_error(e)}") from None
     return cfg
 
 
@@ -270,7 +284,7 @@ def train_config_for(scale: str, **overrides) -> TrainConfig:
     try:
         return TrainConfig(**base)
     except ValueError as e:
-        raise HeadroomInputError(_first_error(e)) from None
+        raise HeadroomInputError(first_error(e)) from None
 
 
 def check_compatible(model: ModelConfig, train: TrainConfig) -> None:
@@ -280,7 +294,7 @@ def check_compatible(model: ModelConfig, train: TrainConfig) -> None:
         )
 
 
-def _first_error(e: Exception) -> str:
+def first_error(e: Exception) -> str:
     """One line from a pydantic ValidationError: 'field: message'."""
     errors = getattr(e, "errors", None)
     if callable(errors):
@@ -423,11 +437,25 @@ def unigram_entropy(counts) -> float:
 # ---------------------------------------------------------------------------------------------- pruning
 
 METHODS: tuple[str, ...] = ("gradient", "ablation", "magnitude", "entropy", "confidence", "random", "l0")
+CONTROLS: tuple[str, ...] = ("scratch_e", "scratch_b", "wide")
+Control = Literal["scratch_e", "scratch_b", "wide"]
+
+# defaults used wherever a prune is set up (sweep files, `headroom prune`, the prune trials)
+DEFAULT_TOLERANCE = 0.05  # "prunable": pruned loss before fine-tune <= dense loss x (1 + tolerance)
+DEFAULT_CALIBRATION_BATCHES = 8
+DEFAULT_FINETUNE_LR = 3e-4  # `headroom prune`'s fixed fine-tune rate (a sweep chooses one from the grid)
+DEFAULT_FINETUNE_LR_GRID = (0.03, 0.1, 0.3)  # multiples of the dense model's rate, chosen on val
+
+
+def check_method(v: str) -> str:
+    if v not in METHODS:
+        raise ValueError(f"unknown method {v!r}; choose one of {', '.join(METHODS)}")
+    return v
 Scope = Literal["per_layer", "global"]
 PruneSchedule = Literal["one_shot", "iterative"]
 
 
-class PrunePlan(_Strict):
+class PrunePlan(Strict):
     """What to remove: a fraction `ratio` of the heads, chosen per layer or globally (at least one head stays in
     every layer), in one shot or iteratively (`step` of the heads at a time, re-scoring in between, as Michel et
     al. 2019), then `finetune_steps` of recovery training.
@@ -457,12 +485,7 @@ class PrunePlan(_Strict):
         """The fine-tune rates to try: the fixed one, or the grid."""
         return (self.finetune_lr,) if self.finetune_lr is not None else tuple(self.finetune_lr_grid)
 
-    @field_validator("method")
-    @classmethod
-    def _method(cls, v: str) -> str:
-        if v not in METHODS:
-            raise ValueError(f"unknown method {v!r}; choose one of {', '.join(METHODS)}")
-        return v
+    _method = field_validator("method")(classmethod(lambda cls, v: check_method(v)))
 
 
 def check_ratio_fits(layer_heads: list[int], ratio: float, scope: str) -> None:
@@ -500,9 +523,6 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "gpt2", "bert")
 
 def read_model_config(model_dir: str, what: str | None = None) -> dict:
     """The config.json of a Hugging Face model directory, checked to be a supported model type (no torch)."""
-    import json
-    import os
-
     what = what or model_dir
     if not os.path.isdir(model_dir):
         raise HeadroomInputError(f"checkpoint {what}: no such directory")
@@ -522,9 +542,6 @@ def read_model_config(model_dir: str, what: str | None = None) -> dict:
 
 
 def checkpoint_info(path: str) -> CheckpointInfo:
-    import json
-    import os
-
     p = os.path.expanduser(path)
     if not os.path.isdir(p):
         raise HeadroomInputError(f"checkpoint {path}: no such directory")

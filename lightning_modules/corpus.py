@@ -14,15 +14,23 @@ import glob
 import hashlib
 import json
 import os
+import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .config import BYTE_VOCAB_SIZE, EOS_ID, MASK_ID, PAD_ID, DataConfig, HeadroomInputError
+from .config import (
+    BYTE_VOCAB_SIZE,
+    EOS_ID,
+    MASK_ID,
+    PAD_ID,
+    DataConfig,
+    HeadroomInputError,
+    unigram_entropy,
+)
 
-SPLITS = ("train", "val", "calibration", "id", "shift")
 EVAL_SETS = ("id", "shift")
 
 # stdlib: directories some installs strip (tests, IDLE) are excluded everywhere so every install agrees;
@@ -183,8 +191,6 @@ def load_stdlib(cfg: DataConfig) -> Corpus:
     splits["shift"] = [t for _, t in shift]
     left = drop_train_duplicates(splits)
     note = f"standard-library packages held out of training: {', '.join(STDLIB_SHIFT_PACKAGES)}"
-    import sys
-
     return Corpus(
         "stdlib", splits, _hash(cfg, splits), note,
         meta={"python": sys.version.split()[0], "root": str(stdlib_root()), "files": len(files),
@@ -521,6 +527,4 @@ def encode_splits(tokenizer, splits: dict[str, list[str]], data_id: str) -> dict
 def unigram_entropy_of(stream: np.ndarray, vocab_size: int) -> float:
     """Entropy (nats/token) of the empirical unigram distribution of a token stream: the loss floor of a
     model that ignores context."""
-    from .config import unigram_entropy
-
     return unigram_entropy(np.bincount(stream, minlength=vocab_size).tolist())

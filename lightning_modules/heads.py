@@ -30,14 +30,12 @@ Families: `llama` (Llama-family decoders, incl. headroom's decoder), `gpt2`, `be
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Sequence
 
 import torch
 from torch import nn
 
 from .config import SUPPORTED_MODEL_TYPES, HeadroomInputError
-
 
 # ------------------------------------------------------------------------------------------- families
 
@@ -304,12 +302,7 @@ class HeadGate:
 
     def mask(self, keep, device=None) -> torch.Tensor:
         """Set a 0/1 mask from per-layer lists of kept head indices (or a [L, H] bool/float tensor)."""
-        if isinstance(keep, torch.Tensor):
-            m = keep.float()
-        else:
-            m = torch.zeros(self.n_layers, self.max_heads)
-            for l, ks in enumerate(keep):
-                m[l, list(ks)] = 1.0
+        m = keep.float() if isinstance(keep, torch.Tensor) else keep_mask(keep, self.heads)
         m = m.to(device) if device is not None else m
         self.set(m)
         return m
@@ -321,14 +314,13 @@ class HeadGate:
     def grad(self) -> torch.Tensor | None:
         return None if self.values is None else self.values.grad
 
-    @contextmanager
-    def applied(self, values: torch.Tensor | None):
-        old = self.values
-        self.set(values)
-        try:
-            yield self
-        finally:
-            self.values = old
+
+def keep_mask(keep: Sequence[Sequence[int]], heads: list[int]) -> torch.Tensor:
+    """[L, max heads] 0/1: 1 where a head is kept (per-layer lists of kept head indices)."""
+    m = torch.zeros(len(heads), max(heads))
+    for l, ks in enumerate(keep):
+        m[l, list(ks)] = 1.0
+    return m
 
 
 def _gate_hook(module: nn.Module, args):

@@ -13,7 +13,7 @@ import pytorch_lightning as pl
 import torch
 
 from .config import EOS_ID, PAD_ID, ModelConfig, TrainConfig
-from .models import build_model, count_parameters, token_losses
+from .models import build_model, count_parameters, model_config_of, token_losses
 
 
 def lr_lambda(cfg: TrainConfig, total_steps: int | None = None):
@@ -107,8 +107,6 @@ class HeadroomLM(pl.LightningModule):
     @classmethod
     def from_model(cls, model, train_cfg: TrainConfig, loss_fn=None) -> "HeadroomLM":
         """Wrap an existing model (a pruned one, for recovery fine-tuning)."""
-        from .models import model_config_of
-
         mc = model_config_of(model)
         return cls(mc.model_dump(mode="json") if mc else None, train_cfg.model_dump(mode="json"), model=model,
                    loss_fn=loss_fn)

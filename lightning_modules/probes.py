@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from pytorch_lightning.callbacks import Callback
 
-from .config import prunable_fraction
+from .config import DEFAULT_TOLERANCE, prunable_fraction
 from .heads import family_of
 from .pruning import prune_curve
 from .scoring import default_loss, score_heads
@@ -116,7 +116,7 @@ class ProbeCallback(Callback):
     """
 
     def __init__(self, sink: Callable[[list[Row]], None], every: int, method: str = "gradient", batches: int = 2,
-                 tolerance: float = 0.05, redundancy: bool = True, seed: int = 0):
+                 tolerance: float = DEFAULT_TOLERANCE, redundancy: bool = True, seed: int = 0):
         self.sink, self.every, self.method, self.n = sink, every, method, batches
         self.tolerance, self.redundancy, self.seed = tolerance, redundancy, seed
         self._batches: tuple[list, list] | None = None

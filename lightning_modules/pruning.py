@@ -13,10 +13,26 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from .config import HeadroomInputError, PrunePlan, TrainConfig, check_ratio_fits, heads_removed
-from .heads import attention_modules, head_gate, layer_heads, layer_shapes, prune_heads
+from .config import (
+    DEFAULT_CALIBRATION_BATCHES,
+    HeadroomInputError,
+    PrunePlan,
+    TrainConfig,
+    check_ratio_fits,
+    heads_removed,
+)
+from .heads import (
+    attention_modules,
+    head_gate,
+    keep_mask,
+    layer_heads,
+    layer_shapes,
+    prune_heads,
+)
+from .lm import HeadroomLM, evaluate
 from .models import count_parameters
 from .scoring import LossFn, default_loss, score_heads
+from .train import TrainClock, build_trainer
 
 CURVE_RATIOS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 0.9
 
@@ -60,13 +76,6 @@ def heads_to_keep(scores: torch.Tensor, heads: list[int], ratio: float, scope: s
     return [[h for h in range(heads[l]) if (l, h) not in gone] for l in range(L)]
 
 
-def keep_mask(keep: list[list[int]], heads: list[int]) -> torch.Tensor:
-    m = torch.zeros(len(heads), max(heads))
-    for l, ks in enumerate(keep):
-        m[l, ks] = 1.0
-    return m
-
-
 def select_heads(model, calibration: Iterable[dict], plan: PrunePlan, loss_fn: LossFn | None = None,
                  on_score: Callable[[int, torch.Tensor], None] | None = None, **method_options):
     """Score and choose. one_shot: score once, keep the top heads. iterative: remove `plan.step` of the heads at a
@@ -106,8 +115,6 @@ def select_heads(model, calibration: Iterable[dict], plan: PrunePlan, loss_fn: L
 def evaluate_loss(model, loader, loss_fn: LossFn | None = None, max_batches: int | None = None,
                   per_window: bool = False) -> dict:
     """Mean per-token loss (nats/token, or the distillation distance), its exponential and the token count."""
-    from .lm import evaluate
-
     return evaluate(model, loader, max_batches=max_batches, loss_fn=loss_fn, per_window=per_window)
 
 
@@ -210,9 +217,6 @@ def finetune(model, data, steps: int, lr: float, base: TrainConfig, loss_fn: Los
     batches of the seeded training order. `clock` (a train.TrainClock) adds up the seconds inside training steps."""
     if steps <= 0:
         return model
-    from .lm import HeadroomLM
-    from .train import build_trainer
-
     cfg = base.model_copy(update={"steps": steps, "lr": lr, "warmup_steps": min(base.warmup_steps, steps // 10),
                                   "val_every": steps})
     model.train()
@@ -257,7 +261,7 @@ def _windows(result: dict) -> dict:
 RANDOM_DRAWS = 4  # extra random choices a `random` prune evaluates besides its own
 
 
-def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, calibration_batches: int = 8,
+def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, calibration_batches: int = DEFAULT_CALIBRATION_BATCHES,
               curve_batches: int | None = None, loss_fn: LossFn | None = None, latency_batch_size: int = 16,
               latency_repeats: int = 20, curve: bool = True, progress: bool = False,
               method_options: dict | None = None, dense_eval: dict | None = None, random_draws: int = RANDOM_DRAWS):
@@ -324,8 +328,6 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
         after_prune = {s: evaluate_loss(pruned, l, loss_fn, per_window=not plan.finetune_steps)
                        for s, l in loaders.items() if plan.finetune_steps == 0 or s == "val"}
     if plan.finetune_steps:
-        from .train import TrainClock
-
         clock = TrainClock()
         grid, val_of = {}, {}
         for lr in plan.finetune_lrs:

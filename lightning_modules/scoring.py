@@ -11,6 +11,7 @@ last hidden states.
 
 from __future__ import annotations
 
+import copy
 import math
 from contextlib import contextmanager
 from typing import Callable, Iterable
@@ -69,8 +70,6 @@ def default_loss(model, teacher: torch.nn.Module | None = None) -> LossFn:
     if has_lm_head(model):
         return token_losses
     if teacher is None:
-        import copy
-
         teacher = copy.deepcopy(model)
     return Distillation(teacher)
 

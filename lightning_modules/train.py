@@ -4,7 +4,6 @@ run. Knows nothing of Ray or MLflow; those come in through `callbacks` and `logg
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -14,7 +13,15 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 
-from .config import DataConfig, ModelConfig, TrainConfig, check_compatible, flops_per_token, param_counts
+from .config import (
+    DataConfig,
+    ModelConfig,
+    TrainConfig,
+    check_compatible,
+    flops_per_token,
+    jsonable,
+    param_counts,
+)
 from .data import HeadroomData
 from .lm import HeadroomLM, evaluate, resolve_precision
 from .models import save_model
@@ -146,17 +153,7 @@ def write_run(result: TrainResult, out_dir: str | os.PathLike, checkpoint: str |
     save_model(result.lm.model, out / "model", result.data.tokenizer)
     if checkpoint is not None and Path(checkpoint).exists():
         os.replace(checkpoint, out / "last.ckpt")
-    (out / "metrics.json").write_text(json.dumps(_finite(result.metrics), indent=2) + "\n")
-
-
-def _finite(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
+    (out / "metrics.json").write_text(json.dumps(jsonable(result.metrics), indent=2) + "\n")
 
 
 def set_threads() -> None:

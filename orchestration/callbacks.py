@@ -1,14 +1,15 @@
-"""Lightning callbacks of a sweep's train trials: the per-step history and Ray Tune's report-and-checkpoint
-callback at every validation (see orchestration/trainables.py for why they travel together)."""
+"""Lightning callbacks of a sweep's train trials: the per-step history, and the report-and-checkpoint at every
+validation (see orchestration/trainables.py for why they travel together)."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import tempfile
 
 from pytorch_lightning.callbacks import Callback
-from ray.tune.integration.pytorch_lightning import TuneReportCheckpointCallback
+from ray import tune
 
 from .plan import HISTORY, LIGHTNING_FILE
 
@@ -47,19 +48,26 @@ def _fault(fault: dict) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class ReportAtValidation(TuneReportCheckpointCallback):
-    """Ray Tune's Lightning callback, reporting val metrics, the step and the buffered step history together with
-    the Lightning checkpoint of that step."""
+class ReportAtValidation(Callback):
+    """At every validation: report val metrics, the step and the buffered step history to Tune, with the Lightning
+    checkpoint of that step. Ray's own TuneReportCheckpointCallback reports only `trainer.callback_metrics`
+    (numbers), and the history is text, so this does the same with Ray's public API: `trainer.save_checkpoint`
+    into a directory, `tune.Checkpoint.from_directory`, `tune.report`."""
 
     def __init__(self, history: StepHistory, save_checkpoints: bool = True):
-        super().__init__(filename=LIGHTNING_FILE, save_checkpoints=save_checkpoints, on="validation_end")
-        self.history = history
+        self.history, self.save_checkpoints = history, save_checkpoints
         self.last_step, self.last_val = -1, (float("nan"), float("nan"))
 
-    def _get_report_dict(self, trainer, pl_module):
+    def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking or "val/loss" not in trainer.callback_metrics:
-            return None
+            return
         self.last_step = int(trainer.global_step)
         self.last_val = (float(trainer.callback_metrics["val/loss"]), float(trainer.callback_metrics["val/ppl"]))
-        return {"step": self.last_step, "val/loss": self.last_val[0], "val/ppl": self.last_val[1],
-                HISTORY: self.history.take()}
+        report = {"step": self.last_step, "val/loss": self.last_val[0], "val/ppl": self.last_val[1],
+                  HISTORY: self.history.take()}
+        if not self.save_checkpoints:
+            tune.report(report)
+            return
+        with tempfile.TemporaryDirectory() as d:
+            trainer.save_checkpoint(os.path.join(d, LIGHTNING_FILE))
+            tune.report(report, checkpoint=tune.Checkpoint.from_directory(d))

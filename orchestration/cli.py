@@ -4,12 +4,20 @@ line on stderr and exits 2, having started and written nothing."""
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import shutil
+import subprocess
 import sys
+import urllib.error
+import urllib.request
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from lightning_modules.config import (
+    DEFAULT_CALIBRATION_BATCHES,
+    DEFAULT_FINETUNE_LR,
     FAMILIES,
     METHODS,
     SCALES,
@@ -17,16 +25,21 @@ from lightning_modules.config import (
     HeadroomInputError,
     PrunePlan,
     TrainConfig,
-    _first_error,
     check_compatible,
     check_ratio_fits,
     checkpoint_info,
+    first_error,
     model_config_for,
     train_config_for,
 )
-from lightning_modules.corpus import check_source
+from lightning_modules.corpus import check_source, planned_vocab_size
 
 from .frameworks import quiet_frameworks as _quiet_frameworks
+from .plan import pretrained_units
+from .preflight import format_table, plan_rows
+from .report import headline_table, write_report
+from .spec import load_sweep, resolve_tracking_uri
+from .stages import run_sweep
 
 EXIT_BAD_INPUT = 2
 
@@ -88,7 +101,7 @@ def _add_data_args(p) -> None:
     p.add_argument("--tokenizer", help="byte | bpe | pretrained:DIR (default: the run's, or the checkpoint's own)")
     p.add_argument("--batch-size", type=_positive_int)
     p.add_argument("--seq-len", type=_positive_int)
-    p.add_argument("--calibration-batches", type=_positive_int, default=8)
+    p.add_argument("--calibration-batches", type=_positive_int, default=DEFAULT_CALIBRATION_BATCHES)
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -113,7 +126,7 @@ def _add_prune(sub) -> None:
     p.add_argument("--iterative", type=float, metavar="STEP",
                    help="remove STEP of the heads at a time, re-scoring in between (default: one shot)")
     p.add_argument("--finetune-steps", type=int, default=0)
-    p.add_argument("--finetune-lr", type=float, default=3e-4)
+    p.add_argument("--finetune-lr", type=float, default=DEFAULT_FINETUNE_LR)
     p.add_argument("--eval-batches", type=_positive_int,
                    help="batches of each eval set (default: every window of it, up to 2^20 tokens)")
     p.add_argument("--curve-batches", type=_positive_int, default=8,
@@ -181,8 +194,6 @@ def _add_bench(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="headroom", description="Is multi-head attention over-provisioned? "
                                                   "Prune-vs-scratch experiments at several scales.")
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         v = version("headroom")
     except PackageNotFoundError:
@@ -217,7 +228,7 @@ def cmd_train(args) -> int:
     try:
         data_cfg = DataConfig(source=args.data, shift=args.shift, tokenizer=args.tokenizer)
     except ValueError as e:
-        raise HeadroomInputError(f"--data: {_first_error(e)}") from None
+        raise HeadroomInputError(f"--data: {first_error(e)}") from None
     check_source(data_cfg)
     out = _check_out(args.out)
 
@@ -265,7 +276,7 @@ def _checkpoint_setup(args):
     try:
         data_cfg = DataConfig(**data_kw)
     except ValueError as e:
-        raise HeadroomInputError(f"--data: {_first_error(e)}") from None
+        raise HeadroomInputError(f"--data: {first_error(e)}") from None
     check_source(data_cfg)
     base = dict(run.get("train_config") or {"steps": 1})
     seq_default = min(128, info.max_positions or 128)
@@ -274,7 +285,7 @@ def _checkpoint_setup(args):
     try:
         train_cfg = TrainConfig(**base)
     except ValueError as e:
-        raise HeadroomInputError(_first_error(e)) from None
+        raise HeadroomInputError(first_error(e)) from None
     if info.max_positions and train_cfg.seq_len > info.max_positions:
         raise HeadroomInputError(f"seq_len {train_cfg.seq_len} exceeds the model's maximum {info.max_positions}")
     return info, data_cfg, train_cfg, info.family
@@ -308,9 +319,6 @@ def cmd_score(args) -> int:
     if not out.parent.is_dir():
         raise HeadroomInputError(f"--out {args.out}: directory {out.parent} does not exist")
     _quiet_frameworks()
-    import json
-    import math
-
     from lightning_modules.scoring import score_heads
     from lightning_modules.train import set_threads
 
@@ -339,12 +347,10 @@ def cmd_prune(args) -> int:
                          schedule="iterative" if args.iterative else "one_shot", step=args.iterative or 0.1,
                          finetune_steps=args.finetune_steps, finetune_lr=args.finetune_lr, seed=args.seed)
     except ValueError as e:
-        raise HeadroomInputError(_first_error(e)) from None
+        raise HeadroomInputError(first_error(e)) from None
     check_ratio_fits(info.layer_heads, plan.ratio, plan.scope)
     out = _check_out(args.out)
     _quiet_frameworks()
-    import json
-
     from lightning_modules.models import save_model
     from lightning_modules.pruning import run_prune
     from lightning_modules.train import set_threads
@@ -395,9 +401,6 @@ def _check_tracking_uri(uri: str) -> None:
         if not parent.is_dir():
             raise HeadroomInputError(f"--tracking-uri {uri}: directory {parent} does not exist")
     elif scheme in ("http", "https"):
-        import urllib.error
-        import urllib.request
-
         try:
             urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).read()
         except (urllib.error.URLError, OSError, ValueError) as e:
@@ -408,8 +411,6 @@ def _check_tracking_uri(uri: str) -> None:
 
 
 def cmd_sweep(args) -> int:
-    from .spec import load_sweep
-
     sweep, text = load_sweep(args.file)
     if args.json and not args.plan:
         raise HeadroomInputError("--json: only with --plan")
@@ -421,24 +422,14 @@ def cmd_sweep(args) -> int:
     storage = args.storage or sweep.storage
     if storage and "://" not in storage and Path(storage).exists() and not Path(storage).is_dir():
         raise HeadroomInputError(f"--storage {storage}: not a directory")
-    from .stages import run_sweep
-
     return run_sweep(sweep, args.file, text, resume=args.resume, address=args.address, tracking_uri=args.tracking_uri,
                      storage=args.storage, progress=not args.quiet)
 
 
 def _print_plan(sweep, as_json: bool) -> int:
     """`headroom sweep FILE --plan [--json]`: the rows of orchestration.preflight, before any data is read."""
-    import json
-
-    from lightning_modules.corpus import planned_vocab_size
-
-    from .preflight import format_table, plan_rows
-
     _quiet_frameworks()
     if sweep.pretrained is not None:  # the checkpoint's own model, pruned: no architecture of ours to build
-        from .plan import pretrained_units
-
         info = checkpoint_info(sweep.pretrained.checkpoint)
         units = pretrained_units(sweep, sweep.families[0] if sweep.family else info.family, "plan",
                                  info.layer_heads, "plan")
@@ -460,14 +451,10 @@ def _print_plan(sweep, as_json: bool) -> int:
 
 
 def cmd_report(args) -> int:
-    from .spec import resolve_tracking_uri
-
     uri = resolve_tracking_uri(args.tracking_uri)
     _check_tracking_uri(uri)
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise HeadroomInputError(f"--out {args.out}: not a directory")
-    from .report import headline_table, write_report
-
     out, rep = write_report(uri, args.sweep, Path(args.out) if args.out else None)
     print(headline_table(rep))
     print(f"report: {out / 'report.html'} (also report.md, verdict.json; logged to MLflow run {rep.data.parent_id})")
@@ -478,9 +465,6 @@ def cmd_report(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    import json
-    import subprocess
-
     root = Path(__file__).resolve().parents[1] / "benchmarks"
     names = args.names or list(BENCHMARKS)
     for n in names:

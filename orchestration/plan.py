@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 
 from lightning_modules.config import (
     BYTE_VOCAB_SIZE,
+    DEFAULT_CALIBRATION_BATCHES,
     SCALES,
     DataConfig,
     HeadroomInputError,
@@ -75,7 +76,7 @@ class Unit:
     schedule: str = NONE
     plan: dict | None = None  # PrunePlan (prune stage)
     dense_key: str | None = None  # the dense unit a prune unit or a global-scope control derives from
-    calibration_batches: int = 8
+    calibration_batches: int = DEFAULT_CALIBRATION_BATCHES
     curve: bool = True
     curve_batches: int | None = None  # batches per point of the mask-only curve (None: the eval budget)
     probes: dict | None = None  # ProbeSpec + tolerance (dense train units of a sweep with `probes`)

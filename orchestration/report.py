@@ -35,11 +35,18 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lightning_modules.config import HeadroomInputError, prunable_fraction, within_tolerance
+from lightning_modules.config import (
+    DEFAULT_TOLERANCE,
+    HeadroomInputError,
+    jsonable,
+    prunable_fraction,
+    within_tolerance,
+)
 
 from .diagnostics import Diagnostic, diagnose, untrustworthy
 from .plan import WINDOWS_FILE, WORK_KINDS, expected_names
-from .spec import Sweep
+from .runstore import search_runs
+from .spec import Sweep, TrustSpec
 from .stats import ALPHA, holm, paired, t_interval, verdict_of
 
 PRIMARY = {"method": "gradient", "scope": "per_layer", "schedule": "one_shot", "eval_set": "id"}
@@ -110,27 +117,14 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
-def _search(client, exp_id: str, filter_string: str, order_by=None, max_results: int = 1000) -> list:
-    from mlflow.entities import ViewType
-
-    out, token = [], None
-    while True:
-        page = client.search_runs([exp_id], filter_string, ViewType.ACTIVE_ONLY, max_results=max_results,
-                                  order_by=order_by, page_token=token)
-        out += list(page)
-        token = page.token
-        if not token or len(out) >= max_results and max_results < 1000:
-            return out
-
-
 def load_sweep_runs(uri: str, sweep_name: str) -> SweepRuns:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = _client(uri)
     exp = client.get_experiment_by_name(sweep_name)
     if exp is None:
         raise HeadroomInputError(f"no sweep {sweep_name!r} in the MLflow store at {uri}")
-    parents = _search(client, exp.experiment_id, "tags.`headroom.role` = 'parent'",
-                      order_by=["attributes.start_time DESC"], max_results=1)
+    parents = search_runs(client, exp.experiment_id, "tags.`headroom.role` = 'parent'",
+                          order_by=["attributes.start_time DESC"], limit=1)
     if not parents:
         raise HeadroomInputError(f"sweep {sweep_name!r}: its experiment holds no parent run")
     parent = parents[0]
@@ -144,7 +138,7 @@ def load_sweep_runs(uri: str, sweep_name: str) -> SweepRuns:
             spec = Sweep.model_validate(json.loads(Path(p).read_text()))
     except Exception:  # noqa: BLE001 - a store without the spec artifact still reports what it has
         spec = None
-    children = _search(client, exp.experiment_id, f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    children = search_runs(client, exp.experiment_id, f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     runs = [Run(r.info.run_id, r.info.run_name, r.info.status, dict(r.data.tags), dict(r.data.metrics),
                 dict(r.data.params)) for r in children]
     done = [r for r in runs if r.status == "FINISHED" and r.tags.get("headroom.stage") != "lr_search"]
@@ -692,8 +686,8 @@ def evaluation_info(runs: list[Run]) -> list[dict]:
 
 
 def build(data: SweepRuns, windows: Windows | None = None) -> Report:
-    tol = data.spec.prune.tolerance if data.spec is not None else 0.05
-    final_drop = data.spec.trust.final_drop if data.spec is not None else 0.05
+    tol = data.spec.prune.tolerance if data.spec is not None else DEFAULT_TOLERANCE
+    final_drop = data.spec.trust.final_drop if data.spec is not None else TrustSpec().final_drop
     runs = data.runs
     if not any(r.arm == "pruned" for r in runs):
         raise HeadroomInputError(f"sweep {data.sweep!r} (spec {data.spec_hash}) has no finished pruned run: "
@@ -769,7 +763,7 @@ def render(rep: Report, out: Path) -> Doc:
     doc.h(2, "2. Trust diagnostics")
     doc.p("Checks that the models are trained enough for the question (orchestration/diagnostics.py). A failed "
           "check makes the scale's headline untrustworthy; `not tested` means the sweep lacks what the check needs. "
-          f"`converged` uses the sweep's declared threshold (`trust.final_drop`).")
+          "`converged` uses the sweep's declared threshold (`trust.final_drop`).")
     doc.table(["scale", "family", "check", "result", "detail"],
               [[g.scale, g.family, g.check, {True: "passed", False: "**failed**", None: "not tested"}[g.passed],
                 g.detail] for g in rep.diagnostics])
@@ -1042,7 +1036,7 @@ def write_report(uri: str, sweep_name: str, out: Path | None = None, log: bool =
     out = Path(out or Path("reports", sweep_name)).resolve()
     out.mkdir(parents=True, exist_ok=True)
     doc = render(rep, out)
-    (out / "verdict.json").write_text(json.dumps(_jsonable(rep.verdict_json()), indent=2) + "\n")
+    (out / "verdict.json").write_text(json.dumps(jsonable(rep.verdict_json()), indent=2) + "\n")
     (out / "report.md").write_text(doc.markdown(out) + "\n")
     (out / "report.html").write_text(doc.html())
     if log:
@@ -1055,16 +1049,6 @@ def write_report(uri: str, sweep_name: str, out: Path | None = None, log: bool =
         for i in range(0, len(ms), 1000):
             client.log_batch(data.parent_id, metrics=ms[i:i + 1000])
     return out, rep
-
-
-def _jsonable(obj):
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    return obj
 
 
 def headline_table(rep: Report) -> str:

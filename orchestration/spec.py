@@ -43,17 +43,33 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from lightning_modules.config import (
-    METHODS,
+    DEFAULT_CALIBRATION_BATCHES,
+    DEFAULT_FINETUNE_LR_GRID,
+    DEFAULT_TOLERANCE,
     SCALES,
+    Control,
     DataConfig,
+    Family,
     HeadroomInputError,
+    Precision,
+    PruneSchedule,
+    Schedule,
+    Scope,
+    Strict,
     check_compatible,
+    check_method,
     check_ratio_fits,
     checkpoint_info,
     model_config_for,
@@ -61,22 +77,10 @@ from lightning_modules.config import (
 )
 from lightning_modules.corpus import check_source
 
-CONTROLS: tuple[str, ...] = ("scratch_e", "scratch_b", "wide")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
 
 def _ratio(v: float) -> float:
     if not 0 <= v < 1:
         raise ValueError("must be in [0, 1)")
-    return v
-
-
-def _method(v: str) -> str:
-    if v not in METHODS:
-        raise ValueError(f"unknown method {v!r}; choose one of {', '.join(METHODS)}")
     return v
 
 
@@ -96,50 +100,50 @@ def _as_list(v):
 NonEmpty = Field(min_length=1)
 
 
-class TrainOverrides(_Strict):
+class TrainOverrides(Strict):
     """Per-scale changes to the training preset (lightning_modules.config.TrainConfig fields)."""
 
     batch_size: int | None = Field(default=None, gt=0)
     seq_len: int | None = Field(default=None, gt=1)
     warmup_steps: int | None = Field(default=None, ge=0)
-    schedule: Literal["cosine", "linear", "constant"] | None = None
+    schedule: Schedule | None = None
     min_lr_ratio: float | None = Field(default=None, ge=0, le=1)
     weight_decay: float | None = Field(default=None, ge=0)
     grad_clip: float | None = Field(default=None, ge=0)
-    precision: Literal["auto", "32-true", "bf16-mixed", "16-mixed"] | None = None
+    precision: Precision | None = None
     val_every: int | None = Field(default=None, gt=0)
     val_batches: int | None = Field(default=None, gt=0)
     eval_batches: int | None = Field(default=None, gt=0)
     mlm_probability: float | None = Field(default=None, gt=0, lt=1)
 
 
-class ScaleSpec(_Strict):
+class ScaleSpec(Strict):
     steps: int | None = Field(default=None, gt=0)  # dense budget T (default: the preset's)
     heads: int | None = Field(default=None, gt=0)  # dense head count H (default: the preset's)
     overrides: TrainOverrides = TrainOverrides()
 
 
-class PruneSpec(_Strict):
+class PruneSpec(Strict):
     ratios: Annotated[list[Annotated[float, AfterValidator(_ratio)]], NonEmpty, AfterValidator(_unique)]
-    methods: Annotated[list[Annotated[str, AfterValidator(_method)]], NonEmpty, AfterValidator(_unique)]
-    scope: Annotated[list[Literal["per_layer", "global"]], NonEmpty, AfterValidator(_unique)] = ["per_layer"]
-    schedule: Annotated[list[Literal["one_shot", "iterative"]], NonEmpty, AfterValidator(_unique)] = ["one_shot"]
+    methods: Annotated[list[Annotated[str, AfterValidator(check_method)]], NonEmpty, AfterValidator(_unique)]
+    scope: Annotated[list[Scope], NonEmpty, AfterValidator(_unique)] = ["per_layer"]
+    schedule: Annotated[list[PruneSchedule], NonEmpty, AfterValidator(_unique)] = ["one_shot"]
     step: float = Field(default=0.1, gt=0, le=1)  # iterative: fraction of the heads removed per round
     finetune_steps: int = Field(default=0, ge=0)
     # the recovery fine-tune's rate: a number fixes it; absent, it is chosen on the validation split from the
     # grid below, multiples of the dense model's own learning rate
     finetune_lr: float | None = Field(default=None, gt=0)
-    finetune_lr_grid: Annotated[list[Annotated[float, Field(gt=0)]], NonEmpty, AfterValidator(_unique)] = [
-        0.03, 0.1, 0.3]
-    calibration_batches: int = Field(default=8, gt=0)
-    tolerance: float = Field(default=0.05, gt=0)  # relative: pruned loss <= dense loss * (1 + tolerance)
+    finetune_lr_grid: Annotated[list[Annotated[float, Field(gt=0)]], NonEmpty, AfterValidator(_unique)] = list(
+        DEFAULT_FINETUNE_LR_GRID)
+    calibration_batches: int = Field(default=DEFAULT_CALIBRATION_BATCHES, gt=0)
+    tolerance: float = Field(default=DEFAULT_TOLERANCE, gt=0)  # relative: pruned loss <= dense loss * (1 + tolerance)
     curve: bool = True  # the mask-only prune curve (the achievable fractions of heads removed up to 0.9)
     curve_batches: int | None = Field(default=None, gt=0)  # batches per point of the curve (default: eval's)
 
     _lists = field_validator("scope", "schedule", mode="before")(classmethod(lambda cls, v: _as_list(v)))
 
 
-class LrSearch(_Strict):
+class LrSearch(Strict):
     """Optuna (TPE) over a log-uniform learning rate, trials stopped early by ASHA."""
 
     trials: int = Field(ge=2)
@@ -156,7 +160,7 @@ class LrSearch(_Strict):
         return self
 
 
-class LrSpec(_Strict):
+class LrSpec(Strict):
     """`lr: 3.0e-3` (one rate for every scale) or `lr: {search: {...}}`."""
 
     value: float | None = Field(default=None, gt=0)
@@ -174,16 +178,16 @@ class LrSpec(_Strict):
         return self
 
 
-class ProbeSpec(_Strict):
+class ProbeSpec(Strict):
     """Mechanism probes of the dense runs (lightning_modules/probes.py), read by the verdict report."""
 
     every: int = Field(gt=0)  # probe at step 0, every `every` steps and at the last step
-    method: Annotated[str, AfterValidator(_method)] = "gradient"  # importance over training
+    method: Annotated[str, AfterValidator(check_method)] = "gradient"  # importance over training
     batches: int = Field(default=2, gt=0)  # calibration batches to score, val batches for the curve and CKA
     redundancy: bool = True  # pairwise CKA of head outputs
 
 
-class TrustSpec(_Strict):
+class TrustSpec(Strict):
     """Thresholds of the report's trust diagnostics, declared before running like the tolerance."""
 
     # "still falling fast": the dense runs' training loss, fitted by a line over the last 20% of steps, drops by
@@ -191,27 +195,27 @@ class TrustSpec(_Strict):
     final_drop: float = Field(default=0.05, gt=0, lt=1)
 
 
-class Resources(_Strict):
+class Resources(Strict):
     cpu: float = Field(default=1, gt=0)
     gpu: float = Field(default=0, ge=0)
 
 
-class PretrainedSpec(_Strict):
+class PretrainedSpec(Strict):
     checkpoint: str  # a `headroom train` run directory or a Hugging Face model directory
     batch_size: int = Field(default=8, gt=0)
     seq_len: int = Field(default=128, gt=1)
     eval_batches: int | None = Field(default=None, gt=0)  # None: every window of each eval set (capped)
 
 
-class Sweep(_Strict):
+class Sweep(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
     # default [decoder]; a pretrained sweep takes it from the checkpoint
-    family: Annotated[list[Literal["decoder", "encoder"]], NonEmpty, AfterValidator(_unique)] | None = None
+    family: Annotated[list[Family], NonEmpty, AfterValidator(_unique)] | None = None
     data: DataConfig = DataConfig()
     scales: dict[str, ScaleSpec] | None = None
     seeds: Annotated[list[Annotated[int, Field(ge=0)]], NonEmpty, AfterValidator(_unique)] = [0]
     prune: PruneSpec
-    controls: Annotated[list[Literal["scratch_e", "scratch_b", "wide"]], AfterValidator(_unique)] = []
+    controls: Annotated[list[Control], AfterValidator(_unique)] = []
     lr: LrSpec | None = None
     probes: ProbeSpec | None = None
     trust: TrustSpec = TrustSpec()

@@ -15,15 +15,18 @@ rerun a trial that had already finished; the MLflow record is exact.)
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import statistics
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_modules.config import HeadroomInputError, checkpoint_info
+from lightning_modules.corpus import data_identity
 
 from .plan import (
     Unit,
@@ -36,7 +39,9 @@ from .plan import (
     prune_units,
     train_units,
 )
-from .spec import Sweep
+from .preflight import check_units
+from .report import headline_table, write_report
+from .spec import Sweep, resolve_tracking_uri
 
 FAULT_ENV = "HEADROOM_TEST_FAULT_STEP"  # test-only: the first dense train trial to reach this step kills itself
 
@@ -55,8 +60,6 @@ class Where:
 
 def resolve_where(sweep: Sweep, tracking_uri: str | None, storage: str | None, address: str | None) -> Where:
     """Every path is resolved here, in the driver: trials run in their own working directories, on any node."""
-    from .spec import resolve_tracking_uri
-
     st = storage or sweep.storage or "ray_results"
     if "://" not in st:
         st = str(Path(st).expanduser().resolve())
@@ -263,10 +266,6 @@ class Sweeper:
         """Before anything is recorded or started: the data's identity (corpus hash, the vocabulary actually
         trained) and every unit's model built on the meta device (orchestration/preflight.py). Bad data or a unit
         that cannot be built raises HeadroomInputError: one line, exit 2, nothing written."""
-        from lightning_modules.corpus import data_identity
-
-        from .preflight import check_units
-
         ident = data_identity(self.sweep.data)
         self.vocab_size = ident.vocab_size
         rows = check_units(self.sweep, ident.data_hash, ident.vocab_size)
@@ -354,10 +353,6 @@ class Sweeper:
     def report(self) -> bool:
         """The verdict report (orchestration/report.py) of this sweep, into reports/<name>/ and the parent run.
         False when it could not be written (the sweep's runs stay; `headroom report` can try again)."""
-        import traceback
-
-        from .report import headline_table, write_report
-
         try:
             out, rep = write_report(self.where.tracking_uri, self.sweep.name, self.where.reports)
         except HeadroomInputError as e:
@@ -429,8 +424,6 @@ class Sweeper:
 
 def _checkpoint_id(model_dir: str) -> str:
     """A pretrained checkpoint's identity for unit keys: its config and the names and sizes of its files."""
-    import hashlib
-
     h = hashlib.sha256(Path(model_dir, "config.json").read_bytes())
     for f in sorted(Path(model_dir).iterdir()):
         if f.is_file():

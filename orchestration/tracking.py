@@ -1,4 +1,4 @@
-"""MLflow, exactly the contract of ../shared/DESIGN.md.
+"""MLflow, exactly the contract of docs/design.md.
 
 - experiment = sweep name; one parent run per (sweep name, spec hash), found again by its tags;
 - one child run per unit of work, found by its deterministic `headroom.key`: a trial retried by Ray, a resumed
@@ -22,17 +22,17 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
+from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from .plan import DONE, HISTORY, KEPT, RESUMED, WINDOWS_FILE, WORK, Unit
+from .runstore import search_runs
 
 PACKAGES = ("headroom", "torch", "transformers", "pytorch-lightning", "ray", "mlflow", "optuna", "datasets")
 FINISHED = RunStatus.to_string(RunStatus.FINISHED)
 RUNNING = RunStatus.to_string(RunStatus.RUNNING)
 STEPPED = ("train/loss", "train/lr", "val/loss", "val/ppl")
-SKIP_RESULT_KEYS = {"step", HISTORY, DONE, KEPT}
 
 
 def _local_artifact_root(uri: str) -> str | None:
@@ -141,14 +141,7 @@ class Tracker:
 
     # ---- children
     def _search(self, filter_string: str) -> list:
-        runs, token = [], None
-        while True:
-            page = self.client.search_runs([self.experiment_id], filter_string, ViewType.ACTIVE_ONLY,
-                                           max_results=1000, page_token=token)
-            runs += list(page)
-            token = page.token
-            if not token:
-                return runs
+        return search_runs(self.client, self.experiment_id, filter_string)
 
     def finished_keys(self) -> set[str]:
         return {k for k, r in self.children.items() if r.info.status == FINISHED}

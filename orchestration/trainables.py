@@ -14,7 +14,6 @@ and are reported — once more, for the first time.
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 import time
@@ -22,8 +21,20 @@ from pathlib import Path
 
 from ray import tune
 
-from .plan import DONE, HISTORY, KEPT, LIGHTNING_FILE, RESUMED, WINDOWS_FILE, WORK, Unit, lr_candidate
+from lightning_modules.config import HeadroomInputError, PrunePlan, jsonable
 
+from .frameworks import quiet_frameworks
+from .plan import (
+    DONE,
+    HISTORY,
+    KEPT,
+    LIGHTNING_FILE,
+    RESUMED,
+    WINDOWS_FILE,
+    WORK,
+    Unit,
+    lr_candidate,
+)
 
 LATENCY_REPEATS = 5
 
@@ -31,21 +42,15 @@ LATENCY_REPEATS = 5
 def _setup() -> None:
     from lightning_modules.train import set_threads
 
-    from .frameworks import quiet_frameworks
-
     quiet_frameworks()
     set_threads()
-
-
-def _finite(x: float) -> float:
-    return x if math.isfinite(x) else float("nan")
 
 
 def _final_metrics(metrics: dict) -> dict:
     out = {}
     for split, v in metrics.get("final", {}).items():
         out[f"final/{split}/loss"] = v["loss"]
-        out[f"final/{split}/ppl"] = _finite(v["ppl"])
+        out[f"final/{split}/ppl"] = v["ppl"]
         out[f"final/{split}/tokens"] = v["tokens"]
     for split, v in metrics.get("eval_windows", {}).items():
         out[f"eval/{split}/windows_excluded"] = v["excluded"]
@@ -117,9 +122,7 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
         return
     out = work / "final"
     save_model(result.lm.model, out / "model", result.data.tokenizer)
-    from lightning_modules.train import _finite as finite_json
-
-    (out / "metrics.json").write_text(json.dumps(finite_json(m), indent=2) + "\n")
+    (out / "metrics.json").write_text(json.dumps(jsonable(m), indent=2) + "\n")
     (out / WINDOWS_FILE).write_text(json.dumps({"final": result.windows}) + "\n")
     final[WORK] = time.time() - t0
     tune.report(final, checkpoint=tune.Checkpoint.from_directory(str(out)))
@@ -148,7 +151,6 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
     _setup()
     import torch
 
-    from lightning_modules.config import HeadroomInputError, PrunePlan
     from lightning_modules.data import HeadroomData
     from lightning_modules.models import save_model
     from lightning_modules.pruning import run_prune
@@ -192,7 +194,7 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
             if stage in ("final", "pre_ft"):
                 flat[f"{key}/{split}/tokens"] = v["tokens"]
             if stage == "final":
-                flat[f"final/{split}/ppl"] = _finite(v["ppl"])
+                flat[f"final/{split}/ppl"] = v["ppl"]
     flat.update(_timing(m["timing"]))
     for split, v in m["random_baseline"].items():  # the random method as a distribution: several draws
         flat[f"pre_ft_random/{split}/loss"] = v["loss"]
