@@ -38,6 +38,7 @@ from .frameworks import quiet_frameworks as _quiet_frameworks
 from .plan import pretrained_units
 from .preflight import format_table, plan_rows
 from .report import headline_table, write_report
+from .report.plots import heatmap, prune_curve_plot
 from .spec import load_sweep, resolve_tracking_uri
 from .stages import run_sweep
 
@@ -322,8 +323,6 @@ def cmd_score(args) -> int:
     from lightning_modules.scoring import score_heads
     from lightning_modules.train import set_threads
 
-    from .plots import heatmap
-
     set_threads()
     model, data, calib = _load_for_scoring(info, data_cfg, train_cfg, family, args.calibration_batches)
     scores = score_heads(model, calib, args.method, seed=args.seed)
@@ -354,8 +353,6 @@ def cmd_prune(args) -> int:
     from lightning_modules.models import save_model
     from lightning_modules.pruning import run_prune
     from lightning_modules.train import set_threads
-
-    from .plots import heatmap, prune_curve_plot
 
     set_threads()
     model, data, _ = _load_for_scoring(info, data_cfg, train_cfg, family, args.calibration_batches)

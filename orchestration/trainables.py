@@ -35,6 +35,7 @@ from .plan import (
     Unit,
     lr_candidate,
 )
+from .report.plots import heatmap, prune_curve_plot
 
 LATENCY_REPEATS = 5
 
@@ -154,8 +155,6 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
     from lightning_modules.data import HeadroomData
     from lightning_modules.models import save_model
     from lightning_modules.pruning import run_prune
-
-    from .plots import heatmap, prune_curve_plot
 
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="headroom-prune-"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestration.diagnostics import final_drop
+from orchestration.report.diagnostics import final_drop
 from orchestration.report import Run, SweepRuns, build
 
 SEEDS = (0, 1, 2)
@@ -89,7 +89,7 @@ def test_rank_test_against_enumeration():
     informed choice's rank among m random draws is uniform and independent per seed."""
     import itertools
 
-    from orchestration.diagnostics import rank_test
+    from orchestration.report.diagnostics import rank_test
 
     for counts in ([(0, 4), (1, 4), (0, 4)], [(2, 4), (0, 4), (1, 4)], [(0, 9), (5, 9), (0, 9)], [(1.5, 3), (0, 4)]):
         observed = sum(c for c, _ in counts)

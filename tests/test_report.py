@@ -199,8 +199,8 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     assert diag[("xs", "dense_vs_scratch_e")] is True and diag[("xs", "informative_beats_random")] is True
     assert diag[("xs", "converged")] is None
     # across scales: two scales, a slope and no interval
-    fit = next(f for f in rep.scales if f["control"] == "scratch_e")
-    assert fit["scales"] == ["xs", "s"] and fit["slope_ci95"] is None and fit["slope"] is not None
+    fit = next(f for f in rep.scales if f.control == "scratch_e")
+    assert fit.scales == ["xs", "s"] and fit.slope_ci95 is None and fit.slope is not None
 
     # partial: scale s has seed 0 only; the report names what is missing
     assert "s-decoder-dense-s1" in rep.data.missing and "xs-decoder-dense-s0" not in rep.data.missing
@@ -243,8 +243,8 @@ def test_report_reads_only_the_newest_parent(tmp_path):
     # the newer spec plans two seeds at xs and s: s is missing entirely, and xs seeds 2..4 are not "missing"
     assert "s-decoder-dense-s0" in data.missing and "xs-decoder-dense-s2" not in data.missing
     _, rep = write_report(uri, "planted", tmp_path / "out", log=False)
-    assert {c["n_seeds"] for c in rep.comparisons} == {2}
-    assert all(c["scale"] == "xs" for c in rep.comparisons)
+    assert {c.n_seeds for c in rep.comparisons} == {2}
+    assert all(c.scale == "xs" for c in rep.comparisons)
 
 
 def test_report_bad_input_exits_2_and_writes_nothing(planted, tmp_path, monkeypatch, capsys):

@@ -12,7 +12,7 @@ import pytest
 from scipy import stats as sps
 
 from orchestration.report import Run, comparisons
-from orchestration.stats import holm, paired, verdict_of, window_variance
+from orchestration.report.stats import holm, paired, verdict_of, window_variance
 
 
 def test_holm_by_hand():
@@ -86,20 +86,20 @@ def test_primary_verdicts_are_holm_adjusted_per_scale():
                          method="gradient", ratio=0.5, scope="per_layer", schedule="one_shot", kept="4"))
         for arm, g in gaps.items():
             runs.append(_run(arm, s, {"final/id/loss": p + g[s]}, ratio=0.5, scope="per_layer", heads="4"))
-    rows = {(c["control"], c["finetune_steps"]): c for c in comparisons(runs)}
+    rows = {(c.control, c.finetune_steps): c for c in comparisons(runs)}
     e, w, b = rows[("scratch_e", 10)], rows[("wide", 10)], rows[("scratch_b", 10)]
-    assert e["primary"] and w["primary"] and b["primary"]
+    assert e.primary and w.primary and b.primary
     for arm, row in (("scratch_e", e), ("wide", w), ("scratch_b", b)):
-        assert row["p_value"] == pytest.approx(raw[arm]) and row["verdict_raw"] == "supported"
+        assert row.p_value == pytest.approx(raw[arm]) and row.verdict_raw == "supported"
     # Holm by hand: 3·p_e; then max(3·p_e, 2·p_w); then max(that, p_b)
-    assert e["p_holm"] == pytest.approx(3 * raw["scratch_e"]) and e["verdict"] == "supported"
-    assert w["p_holm"] == pytest.approx(2 * raw["wide"]) and w["verdict"] == "inconclusive"
-    assert b["p_holm"] == pytest.approx(2 * raw["wide"]) and b["verdict"] == "inconclusive"
+    assert e.p_holm == pytest.approx(3 * raw["scratch_e"]) and e.verdict == "supported"
+    assert w.p_holm == pytest.approx(2 * raw["wide"]) and w.verdict == "inconclusive"
+    assert b.p_holm == pytest.approx(2 * raw["wide"]) and b.verdict == "inconclusive"
     # the adjusted intervals of the undecided ones include 0, the decided one's excludes it
-    assert w["ci95_holm"][0] <= 0 <= w["ci95_holm"][1] and b["ci95_holm"][0] <= 0 <= b["ci95_holm"][1]
-    assert e["ci95_holm"][0] > 0
+    assert w.ci95_holm[0] <= 0 <= w.ci95_holm[1] and b.ci95_holm[0] <= 0 <= b.ci95_holm[1]
+    assert e.ci95_holm[0] > 0
     # before fine-tune rows are secondary: not adjusted
-    assert rows[("scratch_b", 0)]["p_holm"] is None and not rows[("scratch_b", 0)]["primary"]
+    assert rows[("scratch_b", 0)].p_holm is None and not rows[("scratch_b", 0)].primary
 
 
 def test_report_interval_adds_the_windows_when_runs_recorded_them():
@@ -127,12 +127,12 @@ def test_report_interval_adds_the_windows_when_runs_recorded_them():
         def _download(self, run_id):
             return arrays.get(run_id)
 
-    row = next(c for c in comparisons(runs, Planted("planted")) if c["control"] == "scratch_e")
+    row = next(c for c in comparisons(runs, Planted("planted")) if c.control == "scratch_e")
     pr = {r.seed: r for r in runs if r.arm == "pruned"}
     ct = {r.seed: r for r in runs if r.arm == "scratch_e"}
     d = [ct[s].metrics["final/id/loss"] - pr[s].metrics["final/id/loss"] for s in range(seeds)]
     diffs = [[c - p for c, p in zip(arrays[ct[s].run_id]["final"]["id"]["loss"],
                                     arrays[pr[s].run_id]["final"]["id"]["loss"])] for s in range(seeds)]
     want = paired(d, diffs, [63.0] * W)
-    assert row["ci95"] == pytest.approx(list(want.ci95)) and row["window_share"] == pytest.approx(want.window_share)
-    assert 0 < row["window_share"] < 1
+    assert row.ci95 == pytest.approx(list(want.ci95)) and row.window_share == pytest.approx(want.window_share)
+    assert 0 < row.window_share < 1

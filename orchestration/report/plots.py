@@ -54,10 +54,10 @@ def prune_curve_plot(rows: list[dict], sets: list[str], path: str | Path, title:
 _CONTROL_LABEL = {"scratch_e": "Scratch-E", "scratch_b": "Scratch-B", "wide": "wide"}
 
 
-def forest_plot(rows: list[dict], path: str | Path) -> None:
+def forest_plot(rows: list, path: str | Path) -> None:
     """Comparisons (control − pruned) as points with 95% CI bars, one row per comparison; 0 marked."""
     plt = _plt()
-    rows = sorted(rows, key=lambda c: (c["scale"], c["family"], c["ratio"], c["control"], c["finetune_steps"]))
+    rows = sorted(rows, key=lambda c: (c.scale, c.family, c.ratio, c.control, c.finetune_steps))
     if not rows:
         return
     fig, ax = plt.subplots(figsize=(7, 0.9 + 0.32 * len(rows)), dpi=120)
@@ -66,13 +66,13 @@ def forest_plot(rows: list[dict], path: str | Path) -> None:
     labels = []
     for i, c in enumerate(rows):
         y = len(rows) - 1 - i
-        ci = c["ci95"]
+        ci = c.ci95
         if ci:
-            ax.plot(ci, [y, y], color=colors[c["verdict"]], lw=2)
-        ax.plot([c["diff_mean"]], [y], "o", color=colors[c["verdict"]],
-                mfc="white" if c["finetune_steps"] == 0 else colors[c["verdict"]])
-        ft = "pre-FT" if c["finetune_steps"] == 0 else f"FT {c['finetune_steps']}"
-        labels.append(f"{c['scale']} {c['family']} r{c['ratio']:g} vs {_CONTROL_LABEL[c['control']]} ({ft})")
+            ax.plot(ci, [y, y], color=colors[c.verdict], lw=2)
+        ax.plot([c.diff_mean], [y], "o", color=colors[c.verdict],
+                mfc="white" if c.finetune_steps == 0 else colors[c.verdict])
+        ft = "pre-FT" if c.finetune_steps == 0 else f"FT {c.finetune_steps}"
+        labels.append(f"{c.scale} {c.family} r{c.ratio:g} vs {_CONTROL_LABEL[c.control]} ({ft})")
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels(list(reversed(labels)), fontsize=7)
     ax.axvline(0, color="black", lw=0.8)
@@ -80,7 +80,7 @@ def forest_plot(rows: list[dict], path: str | Path) -> None:
     from matplotlib.lines import Line2D
 
     handles = [Line2D([], [], color=v, marker="o", lw=2, label=k) for k, v in colors.items()
-               if any(c["verdict"] == k for c in rows)]
+               if any(c.verdict == k for c in rows)]
     handles.append(Line2D([], [], color="gray", marker="o", mfc="white", lw=0, label="before fine-tune"))
     ax.legend(handles=handles, fontsize=7, loc="best")
     ax.grid(axis="x", alpha=0.3)
@@ -90,31 +90,31 @@ def forest_plot(rows: list[dict], path: str | Path) -> None:
     plt.close(fig)
 
 
-def curves_plot(rows: list[dict], tolerance: float, path: str | Path, title: str) -> None:
+def curves_plot(rows: list, tolerance: float, path: str | Path, title: str) -> None:
     """Mean loss vs ratio per method with a 95% band (mask only), the swept ratios after fine-tune as crosses,
     and the tolerance above dense."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    methods = sorted({r["method"] for r in rows})
+    methods = sorted({r.method for r in rows})
     cmap = plt.get_cmap("tab10")
     dense = None
     for i, m in enumerate(methods):
-        pts = sorted((r for r in rows if r["method"] == m and r["finetune_steps"] == 0), key=lambda r: r["ratio"])
+        pts = sorted((r for r in rows if r.method == m and r.finetune_steps == 0), key=lambda r: r.ratio)
         if pts:
-            x = [r["ratio"] for r in pts]
-            ax.plot(x, [r["loss_mean"] for r in pts], marker="o", ms=3, color=cmap(i), label=f"{m} (mask only)")
-            if all(r["loss_ci95"] for r in pts):
-                ax.fill_between(x, [r["loss_ci95"][0] for r in pts], [r["loss_ci95"][1] for r in pts],
+            x = [r.ratio for r in pts]
+            ax.plot(x, [r.loss_mean for r in pts], marker="o", ms=3, color=cmap(i), label=f"{m} (mask only)")
+            if all(r.loss_ci95 for r in pts):
+                ax.fill_between(x, [r.loss_ci95[0] for r in pts], [r.loss_ci95[1] for r in pts],
                                 color=cmap(i), alpha=0.18)
-            if pts[0]["ratio"] == 0:
-                dense = pts[0]["loss_mean"]
-        ft = [r for r in rows if r["method"] == m and r["finetune_steps"] > 0]
+            if pts[0].ratio == 0:
+                dense = pts[0].loss_mean
+        ft = [r for r in rows if r.method == m and r.finetune_steps > 0]
         for j, r in enumerate(ft):
             err = None
-            if r["loss_ci95"]:
-                err = [[r["loss_mean"] - r["loss_ci95"][0]], [r["loss_ci95"][1] - r["loss_mean"]]]
-            ax.errorbar([r["ratio"]], [r["loss_mean"]], yerr=err, marker="x", ms=8, color=cmap(i), capsize=3,
-                        lw=0, elinewidth=1, label=f"{m} after {r['finetune_steps']} fine-tune steps" if j == 0 else None)
+            if r.loss_ci95:
+                err = [[r.loss_mean - r.loss_ci95[0]], [r.loss_ci95[1] - r.loss_mean]]
+            ax.errorbar([r.ratio], [r.loss_mean], yerr=err, marker="x", ms=8, color=cmap(i), capsize=3,
+                        lw=0, elinewidth=1, label=f"{m} after {r.finetune_steps} fine-tune steps" if j == 0 else None)
     if dense is not None:
         ax.axhline(dense, color="black", lw=0.8, ls="--", label="dense")
         ax.axhline(dense * (1 + tolerance), color="gray", lw=0.8, ls=":", label=f"dense + {tolerance:.0%}")
@@ -128,24 +128,24 @@ def curves_plot(rows: list[dict], tolerance: float, path: str | Path, title: str
     plt.close(fig)
 
 
-def scales_plot(fits: list[dict], path: str | Path) -> None:
+def scales_plot(fits: list, path: str | Path) -> None:
     """The primary gap per scale against dense parameters (log axis), error bars = 95% CI, least-squares line."""
     plt = _plt()
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for i, f in enumerate(fits):
-        x = np.array(f["params"], dtype=float)
-        y = np.array(f["diff_mean"], dtype=float)
-        lo = [y[j] - c[0] if c else 0 for j, c in enumerate(f["ci95"])]
-        hi = [c[1] - y[j] if c else 0 for j, c in enumerate(f["ci95"])]
-        label = f"{f['family']} r{f['ratio']:g} vs {_CONTROL_LABEL[f['control']]}"
+        x = np.array(f.params, dtype=float)
+        y = np.array(f.diff_mean, dtype=float)
+        lo = [y[j] - c[0] if c else 0 for j, c in enumerate(f.ci95)]
+        hi = [c[1] - y[j] if c else 0 for j, c in enumerate(f.ci95)]
+        label = f"{f.family} r{f.ratio:g} vs {_CONTROL_LABEL[f.control]}"
         line = ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, lw=0, elinewidth=1, label=label)
-        if f["slope"] is not None:
+        if f.slope is not None:
             xs = np.log10(x)
-            b = y.mean() - f["slope"] * xs.mean()
-            ax.plot(x, b + f["slope"] * xs, color=line[0].get_color(), lw=1)
-        for xi, yi, s in zip(x, y, f["scales"]):
+            b = y.mean() - f.slope * xs.mean()
+            ax.plot(x, b + f.slope * xs, color=line[0].get_color(), lw=1)
+        for xi, yi, s in zip(x, y, f.scales):
             ax.annotate(s, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xscale("log")
     ax.axhline(0, color="black", lw=0.8)

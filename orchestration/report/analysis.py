@@ -1,0 +1,248 @@
+"""The claim's two halves from typed runs: half (2) comparisons (paired by seed, windows included, Holm-adjusted
+per scale), half (1) at the swept ratios, prune curves and the prunable fractions read off them, the best method
+on val. Statistics are orchestration/report/stats.py's; this module only groups runs and asks it."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from lightning_modules.config import (
+    CONTROLS,
+    SCALES,
+    prunable_fraction,
+    within_tolerance,
+)
+
+from .read import Run, Windows
+from .rows import Comparison, CurvePoint, Prunable
+from .stats import ALPHA, holm, paired, t_interval, verdict_of
+
+PRIMARY = {"method": "gradient", "scope": "per_layer", "schedule": "one_shot", "eval_set": "id"}
+
+
+# ------------------------------------------------------------------------------------------------ grouping
+
+
+def mean(xs) -> float:
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def eval_sets(runs: list[Run]) -> list[str]:
+    """The eval sets the runs were scored on (not val), `id` first."""
+    sets = {k.split("/")[1] for r in runs for k in r.metrics if k.startswith("final/") and k.endswith("/loss")}
+    sets.discard("val")
+    return sorted(sets, key=lambda s: (s != "id", s))
+
+
+def scale_rank(scale: str) -> int:
+    """Scales in the order of the presets (xs, s, m, ...; a pretrained checkpoint last)."""
+    names = list(SCALES)
+    return names.index(scale) if scale in names else len(names)
+
+
+def by_scale(groups: dict) -> list:
+    """Items of a dict keyed by (scale, ...) tuples, scales in preset order."""
+    return sorted(groups.items(), key=lambda kv: (scale_rank(kv[0][0]), kv[0]))
+
+
+def pruned_groups(runs: list[Run]) -> dict:
+    """(scale, family, ratio, method, scope, schedule) -> {seed: pruned run}."""
+    groups = defaultdict(dict)
+    for r in runs:
+        if r.arm == "pruned":
+            groups[(r.scale, r.family, r.ratio, r.method, r.scope, r.schedule)][r.seed] = r
+    return groups
+
+
+def _control_runs(runs: list[Run]) -> dict:
+    idx = defaultdict(dict)
+    for r in runs:
+        if r.arm in CONTROLS:
+            idx[(r.arm, r.scale, r.family, r.ratio, r.method, r.scope, r.schedule)][r.seed] = r
+    return idx
+
+
+def _heads(text: str | None):
+    if not text or text == "none":
+        return None
+    v = [int(x) for x in text.split(",")]
+    return v[0] if len(set(v)) == 1 else v
+
+
+# ------------------------------------------------------------------------------------------------ half (2)
+
+
+def _window_diffs(pw: list[dict | None], cw: list[dict | None]) -> tuple[list[list[float]], list[float]] | None:
+    """(seeds × windows summed-loss differences control − pruned, tokens per window), or None unless every seed
+    of both arms recorded the same windows."""
+    if any(x is None for x in pw + cw):
+        return None
+    tokens = pw[0]["tokens"]
+    if any(x["tokens"] != tokens for x in pw + cw):
+        return None
+    return [[c - p for c, p in zip(c_["loss"], p_["loss"])] for p_, c_ in zip(pw, cw)], tokens
+
+
+def _controls_of(controls: dict, arm: str, key: tuple) -> dict:
+    scale, family, ratio, method, scope, schedule = key
+    if scope == "per_layer" or arm == "wide":  # wide: the uniform "fewer heads" config of this ratio
+        return controls.get((arm, scale, family, ratio, "none", "per_layer", "none"), {})
+    return controls.get((arm, scale, family, ratio, method, scope, schedule), {})  # a global prune's own
+
+
+def comparisons(runs: list[Run], windows: Windows | None = None) -> list[Comparison]:
+    """Every pruned group against every control of its head count, paired by seed, on every eval set, before
+    (finetune_steps 0) and after recovery fine-tune; then Holm's adjustment over each (scale, family)'s primary
+    comparisons, whose verdicts become the adjusted ones."""
+    windows = windows or Windows(None)
+    controls = _control_runs(runs)
+    sets = eval_sets(runs)
+    out = []
+    for key, by_seed in by_scale(pruned_groups(runs)):
+        scale, family, ratio, method, scope, schedule = key
+        first = by_seed[min(by_seed)]
+        ft = first.finetune_steps
+        for arm in CONTROLS:
+            ctrl = _controls_of(controls, arm, key)
+            seeds = sorted(set(by_seed) & set(ctrl))
+            for ev in sets if seeds else []:
+                for stage, steps in [("final", ft)] if ft == 0 else [("pre_ft", 0), ("final", ft)]:
+                    loss = f"{stage}/{ev}/loss"
+                    paired_seeds = [s for s in seeds if loss in by_seed[s].metrics and f"final/{ev}/loss" in
+                                    ctrl[s].metrics and f"dense/{ev}/loss" in by_seed[s].metrics]
+                    if not paired_seeds:
+                        continue
+                    pruned = [by_seed[s].metrics[loss] for s in paired_seeds]
+                    control = [ctrl[s].metrics[f"final/{ev}/loss"] for s in paired_seeds]
+                    wd = _window_diffs([windows.get(by_seed[s], stage, ev) for s in paired_seeds],
+                                       [windows.get(ctrl[s], "final", ev) for s in paired_seeds])
+                    res = paired([c - p for c, p in zip(control, pruned)], *(wd or (None, None)))
+                    tokens = by_seed[paired_seeds[0]].metrics.get(f"{stage}/{ev}/tokens")
+                    verdict = verdict_of(res.ci95)
+                    out.append(Comparison(
+                        scale=scale, family=family, ratio=ratio, heads_dense=_heads(first.tag("heads")),
+                        heads_kept=_heads(first.tag("kept")), method=method, scope=scope, schedule=schedule,
+                        finetune_steps=steps, control=arm, eval_set=ev,
+                        primary=(method, scope, schedule, ev) == (PRIMARY["method"], PRIMARY["scope"],
+                                                                  PRIMARY["schedule"], PRIMARY["eval_set"])
+                        and steps == ft,
+                        n_seeds=len(paired_seeds),
+                        dense_loss=mean([by_seed[s].metrics[f"dense/{ev}/loss"] for s in paired_seeds]),
+                        pruned_loss=mean(pruned), control_loss=mean(control), diff_mean=res.mean,
+                        ci95=list(res.ci95) if res.ci95 else None, verdict=verdict, p_value=res.p, p_holm=None,
+                        ci95_holm=None, verdict_raw=verdict, eval_tokens=int(tokens) if tokens is not None else None,
+                        window_share=res.window_share))
+    _holm_adjust(out)
+    return out
+
+
+def _holm_adjust(rows: list[Comparison]) -> None:
+    """Per (scale, family), the primary comparisons (ratios × controls) are one family of tests."""
+    fams = defaultdict(list)
+    for r in rows:
+        if r.primary:
+            fams[(r.scale, r.family)].append(r)
+    for fam in fams.values():
+        for r, h in zip(fam, holm([r.p_value for r in fam], ALPHA)):
+            if h is None:
+                continue
+            r.p_holm = h.p_adjusted
+            ci = _interval_at(r, h.level)
+            r.ci95_holm = list(ci) if ci else None
+            r.verdict = verdict_of(ci) if h.rejected else "inconclusive"
+
+
+def _interval_at(row: Comparison, level: float) -> tuple[float, float] | None:
+    """The row's interval at another confidence level (same standard error and degrees of freedom)."""
+    from scipy import stats
+
+    if row.ci95 is None:
+        return None
+    q95 = float(stats.t.ppf(0.975, row.n_seeds - 1))
+    se = (row.ci95[1] - row.ci95[0]) / (2 * q95)
+    half = float(stats.t.ppf(0.5 + level / 2, row.n_seeds - 1)) * se
+    return (row.diff_mean - half, row.diff_mean + half)
+
+
+# ------------------------------------------------------------------------------------------------ half (1)
+
+
+def prunable(runs: list[Run], tolerance: float) -> list[Prunable]:
+    """Half (1): per (scale, family, method, ratio, scope, schedule, eval set), mean pruned loss before fine-tune
+    within tolerance of the same dense models' mean loss."""
+    out = []
+    sets = eval_sets(runs)
+    for (scale, family, ratio, method, scope, schedule), by_seed in by_scale(pruned_groups(runs)):
+        for ev in sets:
+            rs = [r for r in by_seed.values() if f"pre_ft/{ev}/loss" in r.metrics and f"dense/{ev}/loss" in r.metrics]
+            if not rs:
+                continue
+            dense = mean([r.metrics[f"dense/{ev}/loss"] for r in rs])
+            pruned = mean([r.metrics[f"pre_ft/{ev}/loss"] for r in rs])
+            out.append(Prunable(scale, family, method, ev, tolerance, ratio, scope, schedule, len(rs), dense, pruned,
+                                "prunable" if within_tolerance(pruned, dense, tolerance) else "not_prunable"))
+    return out
+
+
+def _curve(r: Run, ev: str) -> dict[float, float]:
+    pre = f"curve/{ev}/r"
+    return {float(k[len(pre):]): v for k, v in r.metrics.items() if k.startswith(pre)}
+
+
+def _point(key: tuple, ev: str, ratio: float, steps: int, vals: list[float]) -> CurvePoint:
+    scale, family, method, scope, schedule = key
+    ci = t_interval(vals)
+    return CurvePoint(scale, family, method, ev, ratio, steps, mean(vals), list(ci) if ci else None, scope, schedule,
+                      len(vals))
+
+
+def prune_curves(runs: list[Run]) -> list[CurvePoint]:
+    """Loss vs fraction removed per (scale, family, method, scope, schedule, eval set): the mask-only curve
+    (finetune_steps 0; one per dense model, the ranking does not depend on the ratio swept) and the swept ratios
+    after recovery fine-tune. Mean and t-interval over seeds."""
+    out = []
+    per = defaultdict(lambda: defaultdict(dict))  # (scale, family, method, scope, schedule) -> seed -> ratio -> run
+    for (scale, family, ratio, method, scope, schedule), by_seed in pruned_groups(runs).items():
+        for seed, r in by_seed.items():
+            per[(scale, family, method, scope, schedule)][seed][ratio] = r
+    for key, seeds in by_scale(per):
+        for ev in eval_sets(runs):
+            curves = [c for c in (_curve(by_ratio[min(by_ratio)], ev) for by_ratio in seeds.values()) if c]
+            for ratio in sorted({x for c in curves for x in c}):
+                out.append(_point(key, ev, ratio, 0, [c[ratio] for c in curves if ratio in c]))
+            ft = defaultdict(list)
+            for by_ratio in seeds.values():
+                for ratio, r in by_ratio.items():
+                    if f"final/{ev}/loss" in r.metrics and r.finetune_steps > 0:
+                        ft[(ratio, r.finetune_steps)].append(r.metrics[f"final/{ev}/loss"])
+            for (ratio, steps), vals in sorted(ft.items()):
+                out.append(_point(key, ev, ratio, steps, vals))
+    return out
+
+
+def prunable_fractions(curves: list[CurvePoint], tolerance: float) -> dict:
+    """(scale, family, method, scope, schedule, eval set) -> the largest fraction removed up to which the mean
+    mask-only curve stays within tolerance of dense (the curve's point 0)."""
+    by = defaultdict(list)
+    for c in curves:
+        if c.finetune_steps == 0:
+            by[(c.scale, c.family, c.method, c.scope, c.schedule, c.eval_set)].append(c)
+    out = {}
+    for k, rows in by.items():
+        rows.sort(key=lambda c: c.ratio)
+        if rows[0].ratio == 0:
+            out[k] = prunable_fraction([c.ratio for c in rows], [c.loss_mean for c in rows], rows[0].loss_mean,
+                                       tolerance)
+    return out
+
+
+def best_methods(runs: list[Run]) -> dict:
+    """(scale, family, ratio, scope, schedule) -> (method, mean val loss after fine-tune): the best method is
+    chosen on the validation set, never on an eval set."""
+    by = defaultdict(dict)
+    for (scale, family, ratio, method, scope, schedule), by_seed in pruned_groups(runs).items():
+        vals = [r.metrics["final/val/loss"] for r in by_seed.values() if "final/val/loss" in r.metrics]
+        if vals:
+            by[(scale, family, ratio, scope, schedule)][method] = mean(vals)
+    return {k: min(v.items(), key=lambda kv: kv[1]) for k, v in by.items()}

@@ -1,0 +1,348 @@
+"""The report's document: ten sections built from a Report, with their plots (orchestration/report/plots.py) drawn
+into the output folder. The text says how every number was made; the numbers come from the Report unchanged."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning_modules.config import CONTROLS
+
+from . import plots
+from .analysis import PRIMARY, eval_sets, mean
+from .read import Run, scores_of
+from .render import Doc, fmt_ci, fmt_p, fmt_ratio
+from .stats import paired, t_interval, verdict_of
+from .summaries import redundancy_change, series
+from .verdict import CONTROL_NAMES, Report
+
+
+@dataclass(frozen=True)
+class _Page:
+    plots: Path  # where the PNGs go
+    sets: list[str]  # eval sets, id first
+    scale_families: list[tuple[str, str]]
+    ft: int  # the recovery fine-tune's steps (the primary comparison's)
+
+
+def render(rep: Report, out: Path) -> Doc:
+    """Plots into out/plots/, and the document."""
+    d = rep.data
+    pg = _Page(out / "plots", eval_sets(d.runs), rep.scale_families(),
+               max((c.finetune_steps for c in rep.comparisons), default=0))
+    pg.plots.mkdir(parents=True, exist_ok=True)
+    doc = Doc(f"headroom verdict: sweep {d.sweep}")
+    doc.p(f"The claim: many attention heads of a trained transformer can be removed with little loss (half 1), yet "
+          f"the smaller head count trained from scratch does worse (half 2: over-provisioning). Spec "
+          f"`{d.spec_hash}`, MLflow parent run `{d.parent_id}`; {len(d.runs)} finished unit(s). Losses are "
+          f"mean per-token cross-entropy (nats; lower is better). Differences are control − pruned, paired by seed: "
+          f"positive means pruning wins. Intervals are 95% Student-t intervals whose standard error adds the "
+          f"sampling variance of the eval windows to the spread over seeds (section 9); a scale's primary "
+          f"comparisons are Holm-adjusted as one family.")
+    if d.missing:
+        doc.p(f"**Partial report**: {len(d.missing)} planned unit(s) have no finished run; rows that need them "
+              f"are absent. Missing: " + ", ".join(f"`{m}`" for m in d.missing[:40])
+              + (" …" if len(d.missing) > 40 else ""))
+    for section in (_headline, _diagnostics, _comparisons, _replication, _curves, _across_scales, _probes,
+                    _learning_rates, _evaluation, _cost):
+        section(doc, rep, pg)
+    return doc
+
+
+def _headline(doc: Doc, rep: Report, pg: _Page) -> None:
+    """Section 1. headline."""
+    doc.h(2, "1. Headline")
+    doc.p(f"Primary comparison: method `{PRIMARY['method']}`, scope `{PRIMARY['scope']}`, schedule "
+          f"`{PRIMARY['schedule']}`, after {pg.ft} recovery fine-tune steps, eval set `{PRIMARY['eval_set']}`. "
+          f"Half (1) uses the loss before fine-tune, within the sweep's declared tolerance of "
+          f"{rep.tolerance:.0%} of dense. Half (2) is stated per control (Holm-adjusted over the scale's ratios × "
+          f"controls). A scale whose trust diagnostics fail (section 2) is **untrustworthy**: no verdict is given "
+          f"on it.")
+    lines, table = [], []
+    for scale, family in pg.scale_families:
+        lines.append(f"**{scale} {family}**: {rep.headline(scale, family)}.")
+        for ratio in sorted({c.ratio for c in rep.prunable if (c.scale, c.family) == (scale, family)}):
+            h1 = [p for p in rep.prunable if (p.scale, p.family, p.ratio, p.eval_set, p.scope,
+                                              p.schedule) == (scale, family, ratio, "id", "per_layer", "one_shot")]
+            prim = {c.control: c for c in rep.primary() if (c.scale, c.family, c.ratio) ==
+                    (scale, family, ratio)}
+            table.append([scale, family, fmt_ratio(ratio),
+                          ", ".join(f"{p.method} {p.verdict}" for p in h1) or "—",
+                          *[(f"{prim[a].verdict} ({prim[a].diff_mean:+.4f}, Holm {fmt_ci(prim[a].ci95_holm)}"
+                             f", p_Holm {fmt_p(prim[a].p_holm)})" if a in prim else "—") for a in CONTROLS]])
+    doc.items(lines)
+    doc.table(["scale", "family", "ratio", "half (1): prunable before fine-tune (id)",
+               *[f"half (2) vs {CONTROL_NAMES[a]}: verdict (diff, adjusted CI, adjusted p)" for a in CONTROLS]],
+              table)
+    if not rep.comparisons:
+        doc.p("Half (2) was not tested: the sweep has no controls trained from scratch.")
+
+
+def _diagnostics(doc: Doc, rep: Report, pg: _Page) -> None:
+    """Section 2. trust diagnostics."""
+    doc.h(2, "2. Trust diagnostics")
+    doc.p("Checks that the models are trained enough for the question (orchestration/report/diagnostics.py). A failed "
+          "check makes the scale's headline untrustworthy; `not tested` means the sweep lacks what the check needs. "
+          "`converged` uses the sweep's declared threshold (`trust.final_drop`).")
+    doc.table(["scale", "family", "check", "result", "detail"],
+              [[g.scale, g.family, g.check, {True: "passed", False: "**failed**", None: "not tested"}[g.passed],
+                g.detail] for g in rep.diagnostics])
+
+
+def _comparisons(doc: Doc, rep: Report, pg: _Page) -> None:
+    """Section 3. prune vs control."""
+    doc.h(2, "3. Pruned vs controls at matched head counts")
+    doc.p("Each row pairs the pruned models with the controls of the same seeds. `pre-FT` is the masked model before "
+          "recovery fine-tuning; `best on val` is the method with the lowest validation loss after fine-tuning "
+          "(chosen on the validation set, never an eval set). Verdicts: supported (pruned better, CI above 0), "
+          "refuted (control better, CI below 0), inconclusive, insufficient_seeds (n < 2, no interval). The primary "
+          "rows' verdicts are Holm-adjusted (`Holm CI`, `p Holm`: the scale's ratios × controls are one family); "
+          "secondary rows are unadjusted.")
+    forest = pg.plots / "comparisons.png"
+    plots.forest_plot([c for c in rep.comparisons if c.eval_set == "id" and c.scope == "per_layer"
+                       and c.schedule == "one_shot" and c.method == PRIMARY["method"]], forest)
+    doc.img(forest, "Primary method: control − pruned loss on id, mean and 95% CI per ratio and control "
+                    "(right of 0: pruning wins)")
+    main_rows, second = [], []
+    for c in rep.comparisons:
+        best = rep.best.get((c.scale, c.family, c.ratio, c.scope, c.schedule))
+        is_best = best is not None and best[0] == c.method
+        label = c.method + (" (best on val)" if is_best else "")
+        row = [c.scale, c.family, fmt_ratio(c.ratio), c.heads_dense, c.heads_kept, label,
+               c.scope, c.schedule, "pre-FT" if c.finetune_steps == 0 and pg.ft else c.finetune_steps,
+               CONTROL_NAMES[c.control], c.eval_set, c.n_seeds, c.pruned_loss, c.control_loss,
+               f"{c.diff_mean:+.4f}", fmt_ci(c.ci95), fmt_p(c.p_value), fmt_ci(c.ci95_holm), fmt_p(c.p_holm),
+               c.verdict]
+        main_method = c.method == PRIMARY["method"] or is_best
+        if (main_method and c.scope == "per_layer" and c.schedule == "one_shot"
+                and c.eval_set == PRIMARY["eval_set"]):
+            main_rows.append(row)
+        else:
+            second.append(row)
+    head = ["scale", "family", "ratio", "H", "kept", "method", "scope", "schedule", "fine-tune", "control", "set",
+            "n", "pruned", "control", "diff", "95% CI", "p", "Holm CI", "p Holm", "verdict"]
+    doc.table(head, main_rows)
+    if second:
+        doc.h(3, "Secondary combinations")
+        doc.p("Other methods, scopes, schedules and eval sets. Secondary: reported, not the headline.")
+        doc.table(head, second)
+
+
+def _replication(doc: Doc, rep: Report, pg: _Page) -> None:
+    """Section 4. replication across eval sets."""
+    doc.h(2, "4. Eval-set replication")
+    if len(pg.sets) < 2:
+        doc.p("Replication was not tested: the data source offers no shifted eval set.")
+    else:
+        rows = []
+        by = defaultdict(dict)
+        for c in rep.comparisons:
+            if (c.method, c.scope, c.schedule) == (PRIMARY["method"], PRIMARY["scope"],
+                                                           PRIMARY["schedule"]) and c.finetune_steps == pg.ft:
+                by[(c.scale, c.family, c.ratio, c.control)][c.eval_set] = c
+        agree = 0
+        for k, per in sorted(by.items()):
+            vs = [per[s].verdict if s in per else "—" for s in pg.sets]
+            same = len({v for v in vs if v != "—"}) == 1
+            agree += same
+            rows.append([k[0], k[1], fmt_ratio(k[2]), CONTROL_NAMES[k[3]],
+                         *[f"{per[s].verdict} ({per[s].diff_mean:+.4f})" if s in per else "—" for s in pg.sets],
+                         "yes" if same else "**no**"])
+        doc.p(f"The primary comparison on every eval set ({', '.join(pg.sets)}): the verdicts agree in {agree} of "
+              f"{len(rows)} case(s). Disagreement would make a verdict a benchmark artifact.")
+        doc.table(["scale", "family", "ratio", "control", *pg.sets, "agree"], rows)
+
+
+def _curves(doc: Doc, rep: Report, pg: _Page) -> None:
+    """Section 5. prune curves."""
+    doc.h(2, "5. Prune curves")
+    doc.p(f"Loss vs fraction of heads removed, mask only (no fine-tune; the heads ranked once by each method), mean "
+          f"over seeds with a 95% band; crosses: the swept ratios after {pg.ft} fine-tune steps. The prunable fraction "
+          f"is the largest ratio up to which the mean curve stays within {rep.tolerance:.0%} of dense (Michel et "
+          f"al. 2019 report about 20% for WMT and 40% for BERT with no noticeable loss).")
+    frac_rows = []
+    for scale, family in pg.scale_families:
+        for ev in pg.sets[:2]:
+            rows = [c for c in rep.curves if (c.scale, c.family, c.eval_set, c.scope, c.schedule) ==
+                    (scale, family, ev, "per_layer", "one_shot")]
+            if not rows:
+                rows = [c for c in rep.curves if (c.scale, c.family, c.eval_set) == (scale, family, ev)]
+            if not rows:
+                continue
+            path = pg.plots / f"prune_curve_{scale}_{family}_{ev}.png"
+            plots.curves_plot(rows, rep.tolerance, path, f"{scale} {family}, eval set {ev}")
+            doc.img(path, f"Prune curves, {scale} {family}, eval set {ev}")
+        for (s, f, method, scope, schedule, ev), frac in sorted(rep.fractions.items()):
+            if (s, f) == (scale, family):
+                frac_rows.append([s, f, method, scope, schedule, ev, fmt_ratio(frac)])
+    doc.table(["scale", "family", "method", "scope", "schedule", "set", "prunable fraction"], frac_rows)
+    h1_rows = [[p.scale, p.family, p.method, p.scope, p.schedule, p.eval_set, fmt_ratio(p.ratio),
+                p.n_seeds, p.dense_loss, p.pruned_loss, p.verdict] for p in rep.prunable]
+    doc.h(3, "Half (1) at the swept ratios")
+    doc.table(["scale", "family", "method", "scope", "schedule", "set", "ratio", "n", "dense", "pruned (pre-FT)",
+               "verdict"], h1_rows)
+
+
+def _across_scales(doc: Doc, rep: Report, pg: _Page) -> None:
+    """Section 6. across scales."""
+    doc.h(2, "6. Across scales")
+    fits = [s for s in rep.scales if len(s.scales) >= 2]
+    if not fits:
+        doc.p("One scale only: whether the gap grows or shrinks with size is not tested by this sweep.")
+    else:
+        path = pg.plots / "across_scales.png"
+        plots.scales_plot(rep.scales, path)
+        doc.img(path, "Primary gap (control − pruned, id) against dense parameters, with a least-squares line")
+        rows = []
+        for s in fits:
+            trend = ("grows" if s.slope > 0 else "shrinks") if s.slope is not None else "—"
+            if s.slope_ci95 and s.slope_ci95[0] <= 0 <= s.slope_ci95[1]:
+                trend += " (CI includes 0)"
+            rows.append([s.family, fmt_ratio(s.ratio), CONTROL_NAMES[s.control], ", ".join(s.scales),
+                         ", ".join(f"{v:+.4f}" for v in s.diff_mean),
+                         f"{s.slope:+.4f}" if s.slope is not None else "—", fmt_ci(s.slope_ci95), trend])
+        doc.p("Slope of the gap per decade of parameters: positive means pruning's advantage grows with model size "
+              "(over-provisioning matters more for larger models). With two scales the slope is a difference of two "
+              "points and has no interval.")
+        doc.table(["family", "ratio", "control", "scales", "gap per scale", "slope / decade", "95% CI",
+                   "pruning's advantage"], rows)
+
+
+def _probes(doc: Doc, rep: Report, pg: _Page) -> None:
+    """Section 7. probes."""
+    d = rep.data
+    doc.h(2, "7. Mechanism probes")
+    if not rep.probes:
+        doc.p("Not measured: the sweep has no `probes` section.")
+    else:
+        doc.p("Measured by the dense runs while training. Importance over training: at each probed step the heads are "
+              "scored and a mask-only curve on validation batches gives the prunable fraction at that step; the "
+              "spread is the coefficient of variation of head importance. Redundancy: mean pairwise linear CKA of the "
+              "outputs of the heads of a layer (1 = linearly equivalent), at initialisation and after training.")
+        path = pg.plots / "probes_importance.png"
+        plots.probes_plot({k: {m: series(v) for m, v in by_metric.items()} for k, by_metric in rep.probes.items()},
+                          path)
+        doc.img(path, "Prunable fraction and spread of head importance vs training step (mean over seeds, 95% band)")
+        rows = []
+        for (scale, family), by_metric in rep.probes.items():
+            pf = by_metric.get("probe/prunable_fraction", {})
+            if pf:
+                steps = sorted(pf)
+                means = {s: mean(pf[s]) for s in steps}
+                later = [s for s in steps if s > 0]
+                low = min(later, key=lambda s: means[s]) if later else steps[0]
+                late = bool(later) and means[steps[-1]] > means[low]
+                rows.append([scale, family, fmt_ratio(means[steps[0]]), f"{means[low]:.2f} (step {low})",
+                             f"{means[steps[-1]]:.2f} (step {steps[-1]})",
+                             "yes: the fraction grows again after its low" if late else "no"])
+        doc.table(["scale", "family", "prunable fraction at init", "lowest after init", "at the end",
+                   "slack appears late"], rows)
+        red_rows, pairs = [], {}
+        for (scale, family), by_metric in rep.probes.items():
+            got = redundancy_change(by_metric.get("probe/redundancy", {}))
+            if got is None:
+                continue
+            init, final = got
+            pairs[(scale, family)] = ((mean(init), t_interval(init)), (mean(final), t_interval(final)))
+            res = paired([a - b for a, b in zip(init, final)])
+            diff, ci, verdict = res.mean, res.ci95, verdict_of(res.ci95)
+            word = {"supported": "more similar at init", "refuted": "more similar after training"}.get(verdict, verdict)
+            red_rows.append([scale, family, len(init), mean(init), mean(final), f"{diff:+.4f}", fmt_ci(ci), word])
+        if pairs:
+            path = pg.plots / "probes_redundancy.png"
+            plots.redundancy_plot(pairs, path)
+            doc.img(path, "Mean pairwise CKA of head outputs at initialisation and after training (mean over seeds, "
+                          "95% CI)")
+            doc.table(["scale", "family", "n", "CKA at init", "CKA trained", "init − trained", "95% CI", "heads are"],
+                      red_rows)
+    heat = []
+    for (scale, family), method, run in _heatmap_runs(d.runs):
+        heat.append((scale, family, method, run))
+    if heat:
+        doc.h(3, "Head importance (layers × heads)")
+        doc.p("From the prune runs' calibration scores, lowest seed, one per scale and method (heads of different "
+              "seeds are not aligned, so scores are not averaged).")
+        for scale, family, method, run in heat:
+            path = pg.plots / f"heatmap_{scale}_{family}_{method}.png"
+            if _heatmap(d.uri, run, path, f"{scale} {family} seed {run.seed}: {method} importance"):
+                doc.img(path, f"{method} importance, {scale} {family}, seed {run.seed}")
+
+
+def _learning_rates(doc: Doc, rep: Report, pg: _Page) -> None:
+    """Section 8. learning rates."""
+    doc.h(2, "8. Learning rates")
+    doc.p("Every arm's peak learning rate and where it came from: `preset` (the scale's), `sweep` (one number for "
+          "all), `searched` (Optuna over this architecture, the same trials and steps for every architecture; "
+          "`searched:<arch>` for a global prune's controls, which take the rate of the uniform shape with the same "
+          "ratio). A pruned arm trains at its dense model's rate; its recovery fine-tune's rate is the sweep's or "
+          "chosen on the validation split from a grid of multiples of the dense rate. Without a search every arm "
+          "trains at the same rate, tuned for none of them.")
+    doc.table(["scale", "family", "arm", "ratio", "scope", "heads × head_dim", "runs", "lr", "source",
+               "fine-tune lr", "fine-tune source"],
+              [[x.scale, x.family, x.arm, "—" if x.ratio is None else fmt_ratio(x.ratio), x.scope,
+                x.arch, x.runs, ", ".join(f"{v:.3g}" for v in x.lr) or "—", ", ".join(x.lr_source),
+                ", ".join(f"{v:.3g}" for v in x.finetune_lr) or "—", ", ".join(x.finetune_lr_source) or "—"]
+               for x in rep.learning_rates])
+
+
+def _evaluation(doc: Doc, rep: Report, pg: _Page) -> None:
+    """Section 9. evaluation and statistics."""
+    doc.h(2, "9. Evaluation data and statistics")
+    doc.p("Every run is scored on the same windows of each eval set: every window of the split (up to a stated cap "
+          "of 2^20 tokens, or the sweep's `eval_batches`), leaving out windows whose tokens also occur verbatim "
+          "in the training stream (documents repeated across splits are removed before splitting; shared "
+          "boilerplate can remain). Tokens scored per run and windows left out:")
+    doc.table(["scale", "family", "eval set", "tokens per run", "windows left out (in train)"],
+              [[e.scale, e.family, e.eval_set, e.tokens, e.windows_excluded] for e in rep.evaluation])
+    shares = [c.window_share for c in rep.primary() if c.window_share is not None]
+    if shares:
+        doc.p(f"Which windows an eval set happens to hold is a second source of chance besides the seeds. Each "
+              f"interval's standard error adds the windows' sampling variance (per-window losses, paired across "
+              f"arms) to the spread over seeds. In the primary comparisons the windows make "
+              f"{min(shares):.0%}–{max(shares):.0%} of that variance (median {statistics.median(shares):.0%}): "
+              + ("the seeds dominate." if statistics.median(shares) < 0.5 else "the windows dominate: a larger "
+                 "eval set would tighten the intervals more than more seeds."))
+    else:
+        doc.p("The runs recorded no per-window losses: the intervals are over seeds alone, and the sampling "
+              "variance of the eval windows is not included.")
+
+
+def _cost(doc: Doc, rep: Report, pg: _Page) -> None:
+    """Section 10. cost."""
+    doc.h(2, "10. Cost")
+    total_cpu = sum(c.cpu_h for c in rep.costs)
+    total_gpu = sum(c.gpu_h for c in rep.costs)
+    work = sum(c.work_s for c in rep.costs)
+    wall = sum(c.wall_s for c in rep.costs)
+    doc.p(f"Trial time × resources per trial (MLflow `cost/cpu_s`, `cost/gpu_s`), in hours: {total_cpu:.3f} "
+          f"CPU-hours and {total_gpu:.3f} GPU-hours in all. The price of over-provisioning is the dense arm against "
+          "the Scratch-E arm of the same steps. Compute share: the fraction of trial seconds spent in training, "
+          "evaluation and scoring steps" + (f" ({work / wall:.0%} in all)." if wall else "."))
+    doc.table(["scale", "arm", "runs", "CPU-hours", "GPU-hours", "compute share"],
+              [[c.scale, c.arm, c.runs, f"{c.cpu_h:.3f}", f"{c.gpu_h:.3f}",
+                "—" if c.compute_share is None else f"{c.compute_share:.0%}"] for c in rep.costs])
+
+
+
+
+def _heatmap_runs(runs: list[Run]):
+    pick = {}
+    for r in runs:
+        if r.arm != "pruned":
+            continue
+        k = (r.scale, r.family, r.method)
+        rank = (r.scope != "per_layer", r.schedule != "one_shot", r.seed, r.ratio or 0)
+        if k not in pick or rank < pick[k][0]:
+            pick[k] = (rank, r)
+    for (scale, family, method), (_, r) in sorted(pick.items()):
+        yield (scale, family), method, r
+
+
+def _heatmap(uri: str, run: Run, path: Path, title: str) -> bool:
+    scores = scores_of(uri, run)
+    if scores is None:
+        return False
+    plots.heatmap(scores, path, title)
+    return True

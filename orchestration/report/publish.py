@@ -1,0 +1,37 @@
+"""`headroom report`: the sweep's newest parent run → reports/<sweep>/ (verdict.json, report.md with plots/,
+report.html), the same files as artifacts of the parent run (`report/`) and the headline numbers as its metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from lightning_modules.config import jsonable
+
+from .document import render
+from .read import Windows, client, load_sweep_runs
+from .verdict import Report, build, headline_metrics
+
+
+def write_report(uri: str, sweep_name: str, out: Path | None = None, log: bool = True) -> tuple[Path, Report]:
+    """Build the report of the sweep's newest parent, write it to `out` (default reports/<sweep>/) and log it to
+    the parent run. Raises HeadroomInputError when there is nothing to report (before writing anything)."""
+    data = load_sweep_runs(uri, sweep_name)
+    rep = build(data, Windows(uri))
+    out = Path(out or Path("reports", sweep_name)).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    doc = render(rep, out)
+    (out / "verdict.json").write_text(json.dumps(jsonable(rep.verdict_json()), indent=2) + "\n")
+    (out / "report.md").write_text(doc.markdown(out) + "\n")
+    (out / "report.html").write_text(doc.html())
+    if log:
+        from mlflow.entities import Metric
+
+        c = client(uri)
+        c.log_artifacts(data.parent_id, str(out), "report")
+        now = int(time.time() * 1000)
+        ms = [Metric(k, float(v), now, 0) for k, v in headline_metrics(rep).items()]
+        for i in range(0, len(ms), 1000):
+            c.log_batch(data.parent_id, metrics=ms[i:i + 1000])
+    return out, rep

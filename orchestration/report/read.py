@@ -1,0 +1,145 @@
+"""MLflow → typed runs: the newest parent run of a sweep, its finished children by the tag contract, the loss and
+probe histories of its dense runs, and (on demand) each run's per-window losses.
+
+An edited sweep file makes a new parent; the report reads the newest one only, so older runs are never mixed in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lightning_modules.config import HeadroomInputError
+
+from ..plan import WINDOWS_FILE, expected_names
+from ..runstore import search_runs
+from ..spec import Sweep
+
+
+@dataclass
+class Run:
+    """A finished child run: the headroom.* tags it is grouped by, its metrics (latest values) and params."""
+
+    run_id: str
+    name: str
+    status: str
+    tags: dict
+    metrics: dict
+    params: dict
+    arm: str = field(init=False)
+    scale: str = field(init=False)
+    family: str = field(init=False)
+    method: str = field(init=False)
+    scope: str = field(init=False)
+    schedule: str = field(init=False)
+    seed: int = field(init=False)
+    ratio: float | None = field(init=False)
+
+    def tag(self, name: str) -> str:
+        return self.tags.get(f"headroom.{name}", "none")
+
+    def __post_init__(self):
+        for t in ("arm", "scale", "family", "method", "scope", "schedule"):
+            setattr(self, t, self.tag(t))
+        self.seed = int(self.tag("seed"))
+        self.ratio = None if self.tag("ratio") == "none" else float(self.tag("ratio"))
+
+    @property
+    def finetune_steps(self) -> int:
+        return int(self.params.get("finetune_steps", 0))
+
+
+@dataclass
+class SweepRuns:
+    uri: str
+    sweep: str
+    spec_hash: str
+    parent_id: str
+    spec: Sweep | None
+    runs: list[Run]  # finished children (lr_search aside)
+    missing: list[str]  # planned units without a finished run
+    histories: dict = field(default_factory=dict)  # dense run id -> {metric: [(step, value)]}
+
+
+def client(uri: str):
+    """An MlflowClient for `uri`; a SQLite store that does not exist is bad input (not created)."""
+    from mlflow.tracking import MlflowClient
+
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        raise HeadroomInputError(f"no MLflow store at {uri[len('sqlite:///'):]} (pass --tracking-uri)")
+    return MlflowClient(tracking_uri=uri)
+
+
+def _download_json(uri: str, run_id: str, path: str):
+    import mlflow.artifacts
+
+    with tempfile.TemporaryDirectory() as tmp:
+        p = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path, dst_path=tmp, tracking_uri=uri)
+        return json.loads(Path(p).read_text())
+
+
+def load_sweep_runs(uri: str, sweep_name: str) -> SweepRuns:
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    c = client(uri)
+    exp = c.get_experiment_by_name(sweep_name)
+    if exp is None:
+        raise HeadroomInputError(f"no sweep {sweep_name!r} in the MLflow store at {uri}")
+    parents = search_runs(c, exp.experiment_id, "tags.`headroom.role` = 'parent'",
+                          order_by=["attributes.start_time DESC"], limit=1)
+    if not parents:
+        raise HeadroomInputError(f"sweep {sweep_name!r}: its experiment holds no parent run")
+    parent = parents[0]
+    try:
+        spec = Sweep.model_validate(_download_json(uri, parent.info.run_id, "sweep/resolved.json"))
+    except Exception:  # noqa: BLE001 - a store without the spec artifact still reports what it has
+        spec = None
+    children = search_runs(c, exp.experiment_id, f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    runs = [Run(r.info.run_id, r.info.run_name, r.info.status, dict(r.data.tags), dict(r.data.metrics),
+                dict(r.data.params)) for r in children]
+    done = [r for r in runs if r.status == "FINISHED" and r.tags.get("headroom.stage") != "lr_search"]
+    names = {r.name for r in done}
+    if spec is not None:
+        missing = [n for n in expected_names(spec) if n not in names]
+    else:
+        missing = sorted(r.name for r in runs if r.status != "FINISHED" and r.tags.get("headroom.stage") != "lr_search")
+    out = SweepRuns(uri, sweep_name, parent.data.tags.get("headroom.spec_hash", ""), parent.info.run_id, spec, done,
+                    missing)
+    for r in done:
+        if r.arm == "dense":  # probes and the training-loss curve (the `converged` diagnostic)
+            keys = [k for k in r.metrics if k.startswith("probe/")] + ["train/loss"]
+            out.histories[r.run_id] = {k: sorted((m.step, m.value) for m in c.get_metric_history(r.run_id, k))
+                                       for k in keys}
+    return out
+
+
+class Windows:
+    """Per-window losses of runs (their `eval_windows.json` artifact), downloaded once per run when a comparison
+    asks for them. Runs without the artifact (or a store that cannot serve it) give None: their comparisons fall
+    back to the spread over seeds alone, and say so."""
+
+    def __init__(self, uri: str | None):
+        self.uri, self._cache = uri, {}
+
+    def get(self, run: Run, stage: str, split: str) -> dict | None:
+        if self.uri is None:
+            return None
+        if run.run_id not in self._cache:
+            self._cache[run.run_id] = self._download(run.run_id)
+        return (self._cache[run.run_id] or {}).get(stage, {}).get(split)
+
+    def _download(self, run_id: str) -> dict | None:
+        try:
+            return _download_json(self.uri, run_id, WINDOWS_FILE)
+        except Exception:  # noqa: BLE001 - no artifact: the seed-only interval, labelled as such
+            return None
+
+
+def scores_of(uri: str, run: Run) -> list | None:
+    """A prune run's head scores ([layers][heads]) from its scores.json artifact, or None."""
+    try:
+        return _download_json(uri, run.run_id, "scores.json")["scores"]
+    except Exception:  # noqa: BLE001 - a run without the artifact gets no heatmap
+        return None

@@ -1,0 +1,127 @@
+"""What the report says beside the verdict: the gap across scales, cost and compute share, the probes, every arm's
+learning rate, how the eval sets were measured."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from ..plan import WORK_KINDS
+from .analysis import by_scale, mean
+from .read import Run, SweepRuns
+from .rows import Comparison, Cost, EvalInfo, LearningRate, ScaleTrend
+from .stats import t_interval
+
+
+def scale_params(runs: list[Run]) -> dict:
+    """(scale, family) -> dense parameter count."""
+    out = {}
+    for r in runs:
+        if r.arm == "pruned" and "params_dense" in r.metrics:
+            out[(r.scale, r.family)] = r.metrics["params_dense"]
+        elif r.arm == "dense" and "params" in r.metrics:
+            out.setdefault((r.scale, r.family), r.metrics["params"])
+    return out
+
+
+def across_scales(comps: list[Comparison], params: dict) -> list[ScaleTrend]:
+    """Per (family, ratio, control): the primary gap (diff_mean) against log10(dense parameters), with the fitted
+    slope (per decade of parameters) and, from three scales on, its 95% interval."""
+    from scipy import stats
+
+    by = defaultdict(list)
+    for c in comps:
+        if c.primary and (c.scale, c.family) in params:
+            by[(c.family, c.ratio, c.control)].append(c)
+    out = []
+    for (family, ratio, control), rows in sorted(by.items()):
+        rows.sort(key=lambda c: params[(c.scale, family)])
+        x = [math.log10(params[(c.scale, family)]) for c in rows]
+        y = [c.diff_mean for c in rows]
+        slope, slope_ci = None, None
+        if len(rows) >= 2 and len(set(x)) == len(x):
+            lr = stats.linregress(x, y)
+            slope = float(lr.slope)
+            if len(rows) >= 3:
+                half = float(stats.t.ppf(0.975, len(rows) - 2)) * float(lr.stderr)
+                slope_ci = [slope - half, slope + half]
+        out.append(ScaleTrend(family, ratio, control, [c.scale for c in rows],
+                              [params[(c.scale, family)] for c in rows], y, [c.ci95 for c in rows], slope, slope_ci))
+    return out
+
+
+def costs(runs: list[Run]) -> list[Cost]:
+    """CPU/GPU-hours per (scale, arm), and the share of trial seconds spent in training, evaluation and scoring
+    steps (cost/train_s + eval_s + score_s over cost/wall_s): the rest is framework setup, data preparation,
+    checkpoints and Tune's bookkeeping."""
+    by = defaultdict(lambda: {"runs": 0, "cpu_h": 0.0, "gpu_h": 0.0, "work_s": 0.0, "wall_s": 0.0})
+    for r in runs:
+        row = by[(r.scale, r.arm)]
+        row["runs"] += 1
+        row["cpu_h"] += r.metrics.get("cost/cpu_s", 0.0) / 3600
+        row["gpu_h"] += r.metrics.get("cost/gpu_s", 0.0) / 3600
+        row["work_s"] += sum(r.metrics.get(f"cost/{k}", 0.0) for k in WORK_KINDS)
+        row["wall_s"] += r.metrics.get("cost/wall_s", 0.0)
+    return [Cost(s, a, v["runs"], v["cpu_h"], v["gpu_h"], v["work_s"], v["wall_s"],
+                 v["work_s"] / v["wall_s"] if v["wall_s"] else None) for (s, a), v in by_scale(by)]
+
+
+def probes(data: SweepRuns) -> dict:
+    """(scale, family) -> {probe metric: {step: [values over seeds]}} from the dense runs' probe histories."""
+    out = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for r in data.runs:
+        for metric, hist in data.histories.get(r.run_id, {}).items():
+            if metric.startswith("probe/"):
+                for step, v in hist:
+                    out[(r.scale, r.family)][metric][int(step)].append(v)
+    return dict(by_scale(out))
+
+
+def series(by_step: dict) -> list:
+    """{step: [values over seeds]} -> [(step, mean, 95% interval or None)] for the plots."""
+    return [(step, mean(v), t_interval(v)) for step, v in sorted(by_step.items())]
+
+
+def redundancy_change(probe_series: dict) -> tuple[list[float], list[float]] | None:
+    """Paired (init, final) mean CKA over seeds, from a probe series {step: [values per seed]}."""
+    if not probe_series or 0 not in probe_series:
+        return None
+    last = max(probe_series)
+    if last == 0 or len(probe_series[0]) != len(probe_series[last]):
+        return None
+    return probe_series[0], probe_series[last]
+
+
+def learning_rates(runs: list[Run]) -> list[LearningRate]:
+    """Every arm's learning rate and where it came from (preset, the sweep, searched for its architecture), and
+    the recovery fine-tune's (the sweep's, or chosen on val from a grid)."""
+    by = defaultdict(lambda: {"lrs": set(), "sources": set(), "ft": set(), "ft_source": set(), "runs": 0})
+    for r in runs:
+        arch = f"{r.tag('heads')}x{r.params.get('head_dim', '?')}"
+        row = by[(r.scale, r.family, r.arm, r.ratio, r.scope, arch)]
+        row["runs"] += 1
+        if "lr" in r.params:
+            row["lrs"].add(float(r.params["lr"]))
+        row["sources"].add(r.params.get("lr_source", "unrecorded"))
+        if r.arm == "pruned" and "finetune/lr" in r.metrics:
+            row["ft"].add(r.metrics["finetune/lr"])
+            row["ft_source"].add("sweep" if r.params.get("finetune_lr", "val-grid") != "val-grid"
+                                 else f"val-grid {r.params.get('finetune_lr_grid', '')}")
+    return [LearningRate(scale, family, arm, ratio, scope, arch, v["runs"], sorted(v["lrs"]), sorted(v["sources"]),
+                         sorted(v["ft"]), sorted(v["ft_source"]))
+            for (scale, family, arm, ratio, scope, arch), v in by_scale(by)]
+
+
+def evaluation_info(runs: list[Run]) -> list[EvalInfo]:
+    """Per (scale, family, eval set): tokens each run is scored on and the windows left out as duplicates of
+    training text."""
+    by = {}
+    for r in runs:
+        if r.arm != "dense":
+            continue
+        for k, v in r.metrics.items():
+            parts = k.split("/")
+            if len(parts) == 3 and parts[0] == "final" and parts[2] == "tokens":
+                by[(r.scale, r.family, parts[1])] = EvalInfo(
+                    r.scale, r.family, parts[1], int(v), int(r.metrics.get(f"eval/{parts[1]}/windows_excluded", 0)))
+    return [v for _, v in by_scale(by)]

@@ -1,0 +1,160 @@
+"""The verdict of a sweep: every table of the report computed once (`build`), the headline per scale, the
+verdict.json object, the terminal summary and the parent run's headline metrics."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from lightning_modules.config import DEFAULT_TOLERANCE, SCALES, HeadroomInputError
+
+from ..spec import TrustSpec
+from .analysis import (
+    PRIMARY,
+    best_methods,
+    comparisons,
+    prunable,
+    prunable_fractions,
+    prune_curves,
+    scale_rank,
+)
+from .diagnostics import Diagnostic, diagnose, untrustworthy
+from .read import SweepRuns, Windows
+from .render import fmt_ci, fmt_p
+from .rows import (
+    Comparison,
+    Cost,
+    CurvePoint,
+    EvalInfo,
+    LearningRate,
+    Prunable,
+    ScaleTrend,
+)
+from .summaries import (
+    across_scales,
+    costs,
+    evaluation_info,
+    learning_rates,
+    probes,
+    scale_params,
+)
+
+CONTROL_NAMES = {"scratch_e": "Scratch-E", "scratch_b": "Scratch-B", "wide": "wide"}
+VERDICTS = ("supported", "refuted", "inconclusive", "insufficient_seeds")
+
+
+@dataclass
+class Report:
+    data: SweepRuns
+    tolerance: float
+    comparisons: list[Comparison]
+    prunable: list[Prunable]
+    curves: list[CurvePoint]
+    fractions: dict  # (scale, family, method, scope, schedule, eval set) -> prunable fraction
+    best: dict  # (scale, family, ratio, scope, schedule) -> (method, val loss)
+    scales: list[ScaleTrend]
+    costs: list[Cost]
+    probes: dict
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    learning_rates: list[LearningRate] = field(default_factory=list)
+    evaluation: list[EvalInfo] = field(default_factory=list)
+
+    def verdict_json(self) -> dict:
+        return {"sweep": self.data.sweep, "spec_hash": self.data.spec_hash,
+                "comparisons": [c.to_json() for c in self.comparisons],
+                "prunable": [p.to_json() for p in self.prunable],
+                "prune_curves": [c.to_json() for c in self.curves],
+                "diagnostics": [d.to_json() for d in self.diagnostics],
+                "headline": [{"scale": s, "family": f, "headline": self.headline(s, f),
+                              "untrustworthy": bool(untrustworthy(self.diagnostics, s, f))}
+                             for s, f in self.scale_families()],
+                "learning_rates": [x.to_json() for x in self.learning_rates],
+                "evaluation": [e.to_json() for e in self.evaluation]}
+
+    def primary(self) -> list[Comparison]:
+        return [c for c in self.comparisons if c.primary]
+
+    def scale_families(self) -> list[tuple[str, str]]:
+        return sorted({(p.scale, p.family) for p in self.prunable}, key=lambda p: (scale_rank(p[0]), p))
+
+    def headline(self, scale: str, family: str) -> str:
+        """The claim at one (scale, family): untrustworthy when a trust diagnostic failed; else half (1) at each
+        ratio and half (2) per control, naming the controls behind each word (Holm-adjusted over the scale's
+        primary comparisons)."""
+        reasons = untrustworthy(self.diagnostics, scale, family)
+        if reasons:
+            return "untrustworthy: " + "; ".join(reasons)
+        h1 = [p for p in self.prunable if (p.scale, p.family, p.method, p.scope, p.schedule, p.eval_set) ==
+              (scale, family, PRIMARY["method"], PRIMARY["scope"], PRIMARY["schedule"], PRIMARY["eval_set"])]
+        rows = [c for c in self.primary() if (c.scale, c.family) == (scale, family)]
+        if not h1:
+            return "not tested (the primary comparison is not in this sweep)"
+        half1 = "; ".join(f"r{p.ratio:g} {p.verdict.replace('_', ' ')}" for p in sorted(h1, key=lambda p: p.ratio))
+        if not rows:
+            return f"half (1): {half1}; half (2) not tested (no controls)"
+        words = defaultdict(list)
+        for c in sorted(rows, key=lambda c: (c.ratio, list(CONTROL_NAMES).index(c.control))):
+            words[c.verdict].append(f"{CONTROL_NAMES[c.control]} r{c.ratio:g}")
+        half2 = "; ".join(f"{w.replace('_', ' ')} vs {', '.join(words[w])}" for w in VERDICTS if words[w])
+        return f"half (1): {half1}; half (2): {half2} (Holm-adjusted over {len(rows)} comparison(s))"
+
+
+def build(data: SweepRuns, windows: Windows | None = None) -> Report:
+    """Every table of the report from the sweep's runs. Raises HeadroomInputError when no pruned run finished."""
+    tol = data.spec.prune.tolerance if data.spec is not None else DEFAULT_TOLERANCE
+    final_drop = data.spec.trust.final_drop if data.spec is not None else TrustSpec().final_drop
+    runs = data.runs
+    if not any(r.arm == "pruned" for r in runs):
+        raise HeadroomInputError(f"sweep {data.sweep!r} (spec {data.spec_hash}) has no finished pruned run: "
+                                 "nothing to compare yet")
+    comps = comparisons(runs, windows)
+    curves = prune_curves(runs)
+    h1 = prunable(runs, tol)
+    scale_fams = sorted({(p.scale, p.family) for p in h1}, key=lambda p: (scale_rank(p[0]), p))
+    diags = diagnose(runs, data.histories, scale_fams, [*SCALES], PRIMARY["method"], final_drop)
+    return Report(data, tol, comps, h1, curves, prunable_fractions(curves, tol), best_methods(runs),
+                  across_scales(comps, scale_params(runs)), costs(runs), probes(data), diags, learning_rates(runs),
+                  evaluation_info(runs))
+
+
+def headline_metrics(rep: Report) -> dict[str, float]:
+    """Parent-run metrics: the primary gap per (scale, family, ratio, control) and the prunable fractions."""
+    out = {}
+    for c in rep.primary():
+        k = f"verdict/{c.scale}/{c.family}/r{c.ratio:g}/{c.control}"
+        out[f"{k}/diff_mean"] = c.diff_mean
+        if c.ci95:
+            out[f"{k}/ci_lo"], out[f"{k}/ci_hi"] = c.ci95
+    for (scale, family, method, scope, schedule, ev), frac in rep.fractions.items():
+        if (scope, schedule) == (PRIMARY["scope"], PRIMARY["schedule"]):
+            out[f"prunable_fraction/{scale}/{family}/{method}/{ev}"] = frac
+    return out
+
+
+def headline_table(rep: Report) -> str:
+    """The headline as plain text for the terminal."""
+    lines = [f"verdict of sweep {rep.data.sweep} (spec {rep.data.spec_hash}):"]
+    if rep.comparisons:
+        for scale, family in rep.scale_families():
+            lines.append(f"  {scale} {family}: {rep.headline(scale, family)}")
+            for d in rep.primary():
+                if (d.scale, d.family) == (scale, family):
+                    lines.append(f"      r{d.ratio:g} vs {CONTROL_NAMES[d.control]:<9} {d.verdict:<18} "
+                                 f"diff {d.diff_mean:+.4f} CI {fmt_ci(d.ci95)} p_Holm {fmt_p(d.p_holm)} "
+                                 f"(n={d.n_seeds})")
+            for g in rep.diagnostics:
+                if (g.scale, g.family) == (scale, family) and g.passed is False:
+                    lines.append(f"      failed check {g.check}: {g.detail}")
+    else:  # no controls (a pretrained sweep): half (1) only
+        for p in rep.prunable:
+            if (p.scope, p.schedule, p.eval_set) == (PRIMARY["scope"], PRIMARY["schedule"], "id"):
+                lines.append(f"  {p.scale} {p.family} r{p.ratio:g} {p.method}: {p.verdict} "
+                             f"(before fine-tune {p.pruned_loss:.4f} vs dense {p.dense_loss:.4f}, "
+                             f"tolerance {p.tolerance:.0%})")
+        if len(lines) == 1:
+            lines.append("  no primary comparison in this sweep; see the report")
+        else:
+            lines.append("  half (2) not tested: the sweep trains no controls")
+    if rep.data.missing:
+        lines.append(f"  partial: {len(rep.data.missing)} planned unit(s) missing")
+    return "\n".join(lines)
