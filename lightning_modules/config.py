@@ -1,18 +1,16 @@
-"""Typed, validated configs and every derived number (head counts, parameters, FLOPs, Scratch-B steps).
+"""Typed, validated configs, the scale presets, head arithmetic, and the one home of every default.
 
 This module imports pydantic only — never torch — so the CLI can validate its input and fail with one line
-before any framework is loaded.
+before any framework is loaded. Parameters, FLOPs and Scratch-B steps are in costs.py; what a checkpoint
+directory holds is in checkpoints.py.
 
-Vocabulary (see ../shared/DESIGN.md): a *scale* is a named preset fixing d_model, layers, d_ff, head_dim and the
-dense head count H; `heads_kept(H, ratio)` is the head count a prune ratio leaves; Scratch-B trains the pruned
-architecture for as many steps as the dense run's FLOPs (plus recovery fine-tune) buy it.
+Vocabulary (docs/design.md): a *scale* is a named preset fixing d_model, layers, d_ff, head_dim and the dense
+head count H; `heads_kept(H, ratio)` is the head count a prune ratio leaves.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -351,89 +349,6 @@ def wide_head_dim(d_model: int, n_heads_kept: int) -> int:
     return hd
 
 
-# ------------------------------------------------------------------------------------ params and FLOPs
-
-
-@dataclass(frozen=True)
-class Counts:
-    attention: int
-    mlp: int
-    other: int  # embeddings, norms, LM head
-
-    @property
-    def total(self) -> int:
-        return self.attention + self.mlp + self.other
-
-
-def param_counts(cfg: ModelConfig, kv_heads_per_layer: list[int] | None = None) -> Counts:
-    """Exact parameter counts of the models `lightning_modules.models.build_model` makes (tested against them).
-
-    decoder (Llama): no biases, RMSNorm, SwiGLU MLP, tied embeddings.
-    encoder (BERT): biases, LayerNorm, GELU MLP, learned positions, one token type, tied MLM decoder.
-    """
-    d, ff, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
-    kv = kv_heads_per_layer or cfg.layer_heads
-    attn = 0
-    for h, hk in zip(cfg.layer_heads, kv):
-        inner, inner_kv = h * cfg.head_dim, hk * cfg.head_dim
-        if cfg.family == "decoder":
-            attn += d * inner + 2 * d * inner_kv + inner * d
-        else:
-            attn += 3 * (d * inner + inner) + inner * d + d
-    if cfg.family == "decoder":
-        mlp = cfg.n_layers * 3 * d * ff
-        other = v * d + cfg.n_layers * 2 * d + d
-    else:
-        mlp = cfg.n_layers * (d * ff + ff + ff * d + d)
-        embeddings = v * d + cfg.max_seq_len * d + d + 2 * d
-        norms = cfg.n_layers * 2 * 2 * d
-        head = d * d + d + 2 * d + v  # transform dense, LayerNorm, decoder bias (weight tied)
-        other = embeddings + norms + head
-    return Counts(attention=attn, mlp=mlp, other=other)
-
-
-def flops_per_token(cfg: ModelConfig, seq_len: int, kv_heads_per_layer: list[int] | None = None) -> Counts:
-    """Forward matmul FLOPs per token (2 per multiply-add), split into attention, MLP and the LM head.
-
-    Attention = q/k/v/o projections + scores (QKᵀ and AV over the full context, as Kaplan et al. count it).
-    Training costs 3× this (see `train_flops_per_token`). Norms, softmax and embeddings lookups are ignored.
-    """
-    d, ff, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
-    kv = kv_heads_per_layer or cfg.layer_heads
-    attn = 0
-    for h, hk in zip(cfg.layer_heads, kv):
-        inner, inner_kv = h * cfg.head_dim, hk * cfg.head_dim
-        attn += 2 * (d * inner + 2 * d * inner_kv + inner * d)  # projections
-        attn += 2 * 2 * seq_len * inner  # QKᵀ and AV
-    n_mats = 3 if cfg.family == "decoder" else 2
-    mlp = cfg.n_layers * 2 * n_mats * d * ff
-    other = 2 * d * v + (2 * d * d if cfg.family == "encoder" else 0)
-    return Counts(attention=attn, mlp=mlp, other=other)
-
-
-def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
-    """Forward + backward ≈ 3 × forward."""
-    return 3 * flops_per_token(cfg, seq_len).total
-
-
-def scratch_b_steps(
-    dense: ModelConfig, pruned: ModelConfig, dense_steps: int, finetune_steps: int, seq_len: int
-) -> int:
-    """Steps that give the pruned architecture, trained from scratch, the training FLOPs of the pruned arm:
-    dense T steps at dense size + F recovery steps at pruned size (Liu et al. 2019 "Scratch-B"; head scoring is
-    not counted). Tokens per step are equal, so the budget converts to steps via FLOPs per token."""
-    budget = dense_steps * train_flops_per_token(dense, seq_len) + finetune_steps * train_flops_per_token(
-        pruned, seq_len
-    )
-    return int(round(budget / train_flops_per_token(pruned, seq_len)))
-
-
-def unigram_entropy(counts) -> float:
-    """Entropy in nats of the empirical unigram distribution given token counts."""
-    total = float(sum(counts))
-    return -sum((c / total) * math.log(c / total) for c in counts if c > 0)
-
-
 # ---------------------------------------------------------------------------------------------- pruning
 
 METHODS: tuple[str, ...] = ("gradient", "ablation", "magnitude", "entropy", "confidence", "random", "l0")
@@ -498,76 +413,3 @@ def check_ratio_fits(layer_heads: list[int], ratio: float, scope: str) -> None:
                 raise HeadroomInputError(f"ratio {ratio} would empty layer {l} ({n} heads) under per_layer scope")
     elif sum(layer_heads) - heads_removed(sum(layer_heads), ratio) < len(layer_heads):
         raise HeadroomInputError(f"ratio {ratio} leaves fewer heads than layers")
-
-
-# ------------------------------------------------------------------------------------------- checkpoints
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """What a checkpoint path holds, read from JSON alone (no torch): the model directory, the model type, the
-    heads of every layer, and — for a `headroom train` run directory — the run's metrics (its data and training
-    configs)."""
-
-    model_dir: str
-    model_type: str
-    layer_heads: list[int]
-    max_positions: int | None
-    run: dict | None
-    has_tokenizer: bool
-    family: str  # encoder for a BERT masked LM, else decoder
-
-
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "gpt2", "bert")
-
-
-def read_model_config(model_dir: str, what: str | None = None) -> dict:
-    """The config.json of a Hugging Face model directory, checked to be a supported model type (no torch)."""
-    what = what or model_dir
-    if not os.path.isdir(model_dir):
-        raise HeadroomInputError(f"checkpoint {what}: no such directory")
-    cpath = os.path.join(model_dir, "config.json")
-    if not os.path.isfile(cpath):
-        raise HeadroomInputError(f"checkpoint {what}: no config.json (not a Hugging Face model directory)")
-    try:
-        with open(cpath) as f:
-            cfg = json.load(f)
-    except json.JSONDecodeError:
-        raise HeadroomInputError(f"checkpoint {what}: config.json is not valid JSON") from None
-    mt = cfg.get("model_type")
-    if mt not in SUPPORTED_MODEL_TYPES:
-        raise HeadroomInputError(f"checkpoint {what}: model type {mt!r} is not supported "
-                                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-    return cfg
-
-
-def checkpoint_info(path: str) -> CheckpointInfo:
-    p = os.path.expanduser(path)
-    if not os.path.isdir(p):
-        raise HeadroomInputError(f"checkpoint {path}: no such directory")
-    run = None
-    model_dir = p
-    if os.path.isfile(os.path.join(p, "model", "config.json")):
-        model_dir = os.path.join(p, "model")
-        mpath = os.path.join(p, "metrics.json")
-        if os.path.isfile(mpath):
-            try:
-                run = json.load(open(mpath))
-            except json.JSONDecodeError:
-                raise HeadroomInputError(f"checkpoint {path}: metrics.json is not valid JSON") from None
-    cfg = read_model_config(model_dir, what=path)
-    mt = cfg["model_type"]
-    meta = cfg.get("headroom") or {}
-    if meta.get("layers"):
-        heads = [int(l["heads"]) for l in meta["layers"]]
-    else:
-        n = cfg.get("num_attention_heads", cfg.get("n_head"))
-        layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
-        if not isinstance(n, int) or not isinstance(layers, int):
-            raise HeadroomInputError(f"checkpoint {path}: config.json lacks head or layer counts")
-        heads = [n] * layers
-    max_pos = cfg.get("max_position_embeddings", cfg.get("n_positions"))
-    has_tok = any(os.path.isfile(os.path.join(model_dir, f)) for f in ("tokenizer.json", "vocab.txt", "vocab.json"))
-    archs = cfg.get("architectures") or []
-    family = "encoder" if mt == "bert" and any("MaskedLM" in a for a in archs) else "decoder"
-    return CheckpointInfo(model_dir, mt, heads, max_pos, run, has_tok, family)

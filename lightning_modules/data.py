@@ -19,16 +19,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .config import EVAL_CAP_TOKENS, DataConfig, HeadroomInputError, TrainConfig
-from .corpus import (
-    EVAL_SETS,
+from .corpus import EVAL_SETS, Corpus, load_corpus
+from .tokens import (
     MQAR_PAIRS,
     MQAR_STREAMS,
     ByteTokenizer,
-    Corpus,
     cache_dir,
     data_hash,
     encode_splits,
-    load_corpus,
     make_tokenizer,
     mqar_hash,
     unigram_entropy_of,

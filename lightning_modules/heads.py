@@ -35,7 +35,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .config import SUPPORTED_MODEL_TYPES, HeadroomInputError
+from .checkpoints import SUPPORTED_MODEL_TYPES
+from .config import HeadroomInputError
 
 # ------------------------------------------------------------------------------------------- families
 

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import EOS_ID, PAD_ID, HeadroomInputError, ModelConfig, read_model_config
+from .checkpoints import read_model_config
+from .config import EOS_ID, PAD_ID, HeadroomInputError, ModelConfig
 from .heads import attention_modules, family_of, layer_shapes, reshape_layers
 
 # architectures headroom loads, by the name transformers writes into config.json

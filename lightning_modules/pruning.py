@@ -21,14 +21,7 @@ from .config import (
     check_ratio_fits,
     heads_removed,
 )
-from .heads import (
-    attention_modules,
-    head_gate,
-    keep_mask,
-    layer_heads,
-    layer_shapes,
-    prune_heads,
-)
+from .heads import attention_modules, head_gate, keep_mask, layer_heads, layer_shapes, prune_heads
 from .lm import HeadroomLM, evaluate
 from .models import count_parameters
 from .scoring import LossFn, default_loss, score_heads

@@ -13,15 +13,8 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 
-from .config import (
-    DataConfig,
-    ModelConfig,
-    TrainConfig,
-    check_compatible,
-    flops_per_token,
-    jsonable,
-    param_counts,
-)
+from .config import DataConfig, ModelConfig, TrainConfig, check_compatible, jsonable
+from .costs import flops_per_token, param_counts
 from .data import HeadroomData
 from .lm import HeadroomLM, evaluate, resolve_precision
 from .models import save_model

@@ -23,10 +23,10 @@ from lightning_modules.config import (
     TrainConfig,
     heads_kept,
     model_config_for,
-    scratch_b_steps,
     train_config_for,
     wide_head_dim,
 )
+from lightning_modules.costs import scratch_b_steps
 
 from .spec import Sweep
 

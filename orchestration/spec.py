@@ -46,14 +46,9 @@ from pathlib import Path
 from typing import Annotated
 
 import yaml
-from pydantic import (
-    AfterValidator,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
+from lightning_modules.checkpoints import checkpoint_info
 from lightning_modules.config import (
     DEFAULT_CALIBRATION_BATCHES,
     DEFAULT_FINETUNE_LR_GRID,
@@ -71,7 +66,6 @@ from lightning_modules.config import (
     check_compatible,
     check_method,
     check_ratio_fits,
-    checkpoint_info,
     model_config_for,
     train_config_for,
 )

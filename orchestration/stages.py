@@ -18,20 +18,19 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import statistics
 import sys
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_modules.config import HeadroomInputError, checkpoint_info
-from lightning_modules.corpus import data_identity
+from lightning_modules.checkpoints import checkpoint_info
+from lightning_modules.config import HeadroomInputError
+from lightning_modules.tokens import data_identity
 
 from .plan import (
     Unit,
     arch_key,
-    compute_share,
     global_control_units,
     lr_candidate,
     lr_search_bases,
@@ -42,6 +41,7 @@ from .plan import (
 from .preflight import check_units
 from .report import headline_table, write_report
 from .spec import Sweep, resolve_tracking_uri
+from .summary import loss_table, timing
 
 FAULT_ENV = "HEADROOM_TEST_FAULT_STEP"  # test-only: the first dense train trial to reach this step kills itself
 
@@ -301,9 +301,12 @@ class Sweeper:
                 self._run_scales(corpus_hash)
             ok = not self.missing and not self.tracker.unfinished_units()
             status = "FINISHED" if ok else "FAILED"
-            self.summary()
             if self.progress:
-                self.timing()
+                runs = list(self.tracker.children.values())
+                print(loss_table(self.sweep.name, runs))
+                print(f"\nMLflow: experiment {self.sweep.name!r} at {self.where.tracking_uri} "
+                      f"(parent run {self.tracker.parent_id})")
+                print(timing(time.time() - self.started, self.stage_seconds, runs))
             reported = self.report()
         except KeyboardInterrupt:
             status = "KILLED"  # `--resume` continues it
@@ -367,59 +370,6 @@ class Sweeper:
             print("\n" + headline_table(rep))
         self.say(f"report: {out / 'report.html'} (and report.md, verdict.json)")
         return True
-
-    # ------------------------------------------------------------------------------------------- summary
-    def summary(self) -> None:
-        """Mean final loss over seeds, per (scale, family, ratio) and arm, on the first eval set."""
-        rows: dict[tuple, dict[str, list[float]]] = {}
-        for run in self.tracker.children.values():
-            t = run.data.tags
-            if t.get("headroom.stage") == "lr_search" or run.info.status != "FINISHED":
-                continue
-            m = run.data.metrics
-            split = "id" if "final/id/loss" in m else "val"
-            loss = m.get(f"final/{split}/loss")
-            if loss is None:
-                continue
-            arm = t["headroom.arm"]
-            if arm == "pruned":
-                arm = f"pruned:{t['headroom.method']}" + ("" if t["headroom.scope"] == "per_layer" else "/global")
-            elif t["headroom.scope"] == "global":
-                arm = f"{arm}:{t['headroom.method']}/global"
-            ratios = [t["headroom.ratio"]] if arm != "dense" else None
-            for r in ratios or sorted({x.data.tags.get("headroom.ratio") for x in self.tracker.children.values()
-                                       if x.data.tags.get("headroom.arm") == "pruned"}):
-                rows.setdefault((t["headroom.scale"], t["headroom.family"], r, split), {}).setdefault(arm, []).append(loss)
-        if not rows:
-            return
-        arms = sorted({a for v in rows.values() for a in v}, key=lambda a: (a != "dense", not a.startswith("pruned"), a))
-        head = ["scale", "family", "ratio", "set"] + arms
-        table = [head]
-        for (scale, family, ratio, split), v in sorted(rows.items()):
-            table.append([scale, family, str(ratio), split] + [
-                f"{statistics.fmean(v[a]):.4f} (n={len(v[a])})" if a in v else "—" for a in arms])
-        widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-        print(f"\nsweep {self.sweep.name}: mean final loss (nats/token) over seeds, lower is better")
-        for i, r in enumerate(table):
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-            if i == 0:
-                print("  ".join("-" * w for w in widths))
-        print(f"\nMLflow: experiment {self.sweep.name!r} at {self.where.tracking_uri} "
-              f"(parent run {self.tracker.parent_id})")
-
-    def timing(self) -> None:
-        """Wall time per stage, and how much of the trials' time was the work itself (train/eval/score steps)."""
-        wall = time.time() - self.started
-        if self.stage_seconds:
-            print(f"\nwall time {wall:.0f} s: " + ", ".join(f"{k} {v:.0f} s" for k, v in self.stage_seconds.items())
-                  + f", other {wall - sum(self.stage_seconds.values()):.0f} s (plan, data, Ray start, MLflow)")
-        share = compute_share([r.data.metrics for r in self.tracker.children.values()
-                               if r.info.status == "FINISHED"])
-        if share is not None:
-            print(f"compute share: {share['share']:.0%} of {share['trial_s']:.0f} trial-seconds ({share['trials']} "
-                  f"trials) in training, evaluation and scoring steps (train {share['train_s']:.0%}, eval "
-                  f"{share['eval_s']:.0%}, score {share['score_s']:.0%}); the rest is setup, data, checkpoints "
-                  "(lr candidates stopped early by ASHA report no timings)")
 
 
 def _checkpoint_id(model_dir: str) -> str:

@@ -24,17 +24,7 @@ from ray import tune
 from lightning_modules.config import HeadroomInputError, PrunePlan, jsonable
 
 from .frameworks import quiet_frameworks
-from .plan import (
-    DONE,
-    HISTORY,
-    KEPT,
-    LIGHTNING_FILE,
-    RESUMED,
-    WINDOWS_FILE,
-    WORK,
-    Unit,
-    lr_candidate,
-)
+from .plan import DONE, HISTORY, KEPT, LIGHTNING_FILE, RESUMED, WINDOWS_FILE, WORK, Unit, lr_candidate
 from .report.plots import heatmap, prune_curve_plot
 
 LATENCY_REPEATS = 5

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-
 from conftest import ROOT, headroom
 
 # Runs the CLI in-process in a fresh interpreter and fails if torch was imported: bad input must be caught first.

@@ -9,15 +9,12 @@ from lightning_modules.config import (
     ModelConfig,
     TrainConfig,
     check_compatible,
-    flops_per_token,
     heads_kept,
     model_config_for,
-    param_counts,
-    scratch_b_steps,
     train_config_for,
-    train_flops_per_token,
     wide_head_dim,
 )
+from lightning_modules.costs import flops_per_token, param_counts, scratch_b_steps, train_flops_per_token
 
 
 def test_presets_follow_the_design():

@@ -7,15 +7,9 @@ import pytest
 import torch
 
 from lightning_modules.config import DataConfig, HeadroomInputError, TrainConfig, train_config_for
-from lightning_modules.corpus import (
-    STDLIB_SHIFT_PACKAGES,
-    check_source,
-    load_corpus,
-    make_tokenizer,
-    stdlib_files,
-    unigram_entropy_of,
-)
+from lightning_modules.corpus import STDLIB_SHIFT_PACKAGES, check_source, load_corpus, stdlib_files
 from lightning_modules.data import MQAR, EvalWindows, HeadroomData, TrainWindows, mlm_mask
+from lightning_modules.tokens import make_tokenizer, unigram_entropy_of
 
 
 def _digest(text: str) -> str:
@@ -154,8 +148,8 @@ def test_bpe_trained_on_train_split_and_cached(tmp_path, cache_dir):
 
 
 def test_subword_streams_are_cached_and_equal_fresh_encoding(tmp_path, cache_dir):
-    from lightning_modules.corpus import encode_docs
     from lightning_modules.data import HeadroomData
+    from lightning_modules.tokens import encode_docs
 
     _write_corpus(tmp_path / "c", 60)
     cfg = DataConfig(source=f"path:{tmp_path}/c/*.txt", tokenizer="bpe", bpe_vocab_size=300)
@@ -324,9 +318,9 @@ def test_no_eval_window_occurs_in_the_train_stream():
 
 def test_whole_split_evaluation_by_default(tmp_path):
     """eval_batches None scores every clean window of a split (up to the stated cap), and says how many tokens."""
+    from lightning_modules.config import model_config_for
     from lightning_modules.lm import evaluate
     from lightning_modules.models import build_model
-    from lightning_modules.config import model_config_for
 
     _write_corpus(tmp_path / "c", 60)
     tcfg = train_config_for("xs", seq_len=64, batch_size=4)

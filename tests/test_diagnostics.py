@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestration.report.diagnostics import final_drop
 from orchestration.report import Run, SweepRuns, build
+from orchestration.report.diagnostics import final_drop
 
 SEEDS = (0, 1, 2)
 

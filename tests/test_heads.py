@@ -45,16 +45,17 @@ def hf_checkpoints(tmp_path_factory):
 
 
 @pytest.fixture
-def model(request, xs_decoder_run, xs_encoder, hf_checkpoints):
+def model(request):
+    """The model a test is parametrized with; only its own fixture is built (a GPT-2 test trains nothing)."""
     name = request.param
     if name == "decoder":
-        m = load_model(xs_decoder_run / "model")
+        m = load_model(request.getfixturevalue("xs_decoder_run") / "model")
     elif name == "encoder":
         import copy
 
-        m = copy.deepcopy(xs_encoder.lm.model)
+        m = copy.deepcopy(request.getfixturevalue("xs_encoder").lm.model)
     else:
-        m = load_model(hf_checkpoints / name)
+        m = load_model(request.getfixturevalue("hf_checkpoints") / name)
     return m.eval()
 
 

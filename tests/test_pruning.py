@@ -7,16 +7,10 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT, headroom
-from lightning_modules.config import (
-    DataConfig,
-    HeadroomInputError,
-    PrunePlan,
-    flops_per_token,
-    model_config_for,
-    train_config_for,
-)
+
+from lightning_modules.config import DataConfig, HeadroomInputError, PrunePlan, model_config_for, train_config_for
+from lightning_modules.costs import flops_per_token
 from lightning_modules.data import HeadroomData
 from lightning_modules.heads import layer_heads
 from lightning_modules.models import build_model, load_model, save_model

@@ -9,11 +9,11 @@ import statistics
 import time
 
 import pytest
+from conftest import headroom
 from scipy import stats
 
 from orchestration.report import load_sweep_runs, write_report
 from orchestration.spec import parse_sweep
-from conftest import headroom
 
 SPEC = """
 name: planted
@@ -275,3 +275,39 @@ def test_report_bad_input_exits_2_and_writes_nothing(planted, tmp_path, monkeypa
         assert len(lines) == 1 and msg in lines[0], (args, err)
         assert not out.exists()
     assert not (tmp_path / "absent.db").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def _memory_run(arm, seed, metrics, **tags):
+    from orchestration.report import Run
+
+    base = {"stage": "prune" if arm == "pruned" else "train", "arm": arm, "scale": "xs", "family": "decoder",
+            "heads": "8", "method": "none", "ratio": "none", "scope": "none", "schedule": "none", "seed": str(seed)}
+    base.update({k: str(v) for k, v in tags.items()})
+    rid = f"{arm}-{tags.get('method', '')}-{seed}"
+    return Run(rid, rid, "FINISHED", {f"headroom.{k}": v for k, v in base.items()}, metrics,
+               {"finetune_steps": "10"} if arm == "pruned" else {})
+
+
+def test_best_method_is_chosen_on_val_and_a_failed_half_1_is_said(tmp_path):
+    """Random has the lower validation loss and the higher id loss: the best method is random (chosen on val, not
+    on an eval set, and the lowest, not the highest). Gradient loses 20% before fine-tune: half (1) fails, and the
+    headline says so at that ratio."""
+    from orchestration.report import SweepRuns, build
+    from orchestration.report.document import render
+
+    runs = []
+    for s in (0, 1, 2):
+        dense = 2.0 + 0.01 * s
+        runs.append(_memory_run("dense", s, {"final/id/loss": dense}))
+        for method, val, idl, pre in (("gradient", 2.10, 2.00, dense * 1.2), ("random", 2.05, 2.30, dense * 1.3)):
+            runs.append(_memory_run("pruned", s, {"final/val/loss": val + 0.001 * s, "final/id/loss": idl,
+                                                  "pre_ft/id/loss": pre, "dense/id/loss": dense},
+                                    method=method, ratio=0.5, scope="per_layer", schedule="one_shot", kept="4"))
+        runs.append(_memory_run("scratch_e", s, {"final/id/loss": 2.1}, ratio=0.5, scope="per_layer", heads="4"))
+    rep = build(SweepRuns("memory", "t", "h", "p", None, runs, []))
+    method, val = rep.best[("xs", "decoder", 0.5, "per_layer", "one_shot")]
+    assert method == "random" and val == pytest.approx(2.051)
+    assert [p.verdict for p in rep.prunable if p.method == "gradient"] == ["not_prunable"]
+    assert rep.headline("xs", "decoder").startswith("half (1): r0.5 not prunable; half (2):")
+    md = render(rep, tmp_path).markdown(tmp_path)
+    assert "| random (best on val) |" in md and "| gradient (best on val) |" not in md

@@ -14,10 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from scipy import stats
-
 from conftest import ROOT
+from scipy import stats
 
 pytestmark = pytest.mark.slow
 
@@ -126,7 +124,8 @@ def test_smoke_sweep_logs_every_training_step_once(smoke):
 
 
 def test_smoke_scratch_b_gets_the_compute_of_the_pruned_arm(smoke):
-    from lightning_modules.config import model_config_for, scratch_b_steps
+    from lightning_modules.config import model_config_for
+    from lightning_modules.costs import scratch_b_steps
 
     c = client(smoke["cwd"])
     _, children = split(runs_of(c, "smoke"))

@@ -4,10 +4,10 @@ and stepped metrics logged once however often a restored trial replays them."""
 from __future__ import annotations
 
 import pytest
+from test_spec import GOOD
 
 from orchestration.plan import train_units
 from orchestration.spec import parse_sweep
-from test_spec import GOOD
 
 
 @pytest.fixture()

@@ -7,12 +7,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from lightning_modules.config import (
-    CONTROLS,
-    SCALES,
-    prunable_fraction,
-    within_tolerance,
-)
+from lightning_modules.config import CONTROLS, SCALES, prunable_fraction, within_tolerance
 
 from .read import Run, Windows
 from .rows import Comparison, CurvePoint, Prunable

@@ -9,35 +9,12 @@ from dataclasses import dataclass, field
 from lightning_modules.config import DEFAULT_TOLERANCE, SCALES, HeadroomInputError
 
 from ..spec import TrustSpec
-from .analysis import (
-    PRIMARY,
-    best_methods,
-    comparisons,
-    prunable,
-    prunable_fractions,
-    prune_curves,
-    scale_rank,
-)
+from .analysis import PRIMARY, best_methods, comparisons, prunable, prunable_fractions, prune_curves, scale_rank
 from .diagnostics import Diagnostic, diagnose, untrustworthy
 from .read import SweepRuns, Windows
 from .render import fmt_ci, fmt_p
-from .rows import (
-    Comparison,
-    Cost,
-    CurvePoint,
-    EvalInfo,
-    LearningRate,
-    Prunable,
-    ScaleTrend,
-)
-from .summaries import (
-    across_scales,
-    costs,
-    evaluation_info,
-    learning_rates,
-    probes,
-    scale_params,
-)
+from .rows import Comparison, Cost, CurvePoint, EvalInfo, LearningRate, Prunable, ScaleTrend
+from .summaries import across_scales, costs, evaluation_info, learning_rates, probes, scale_params
 
 CONTROL_NAMES = {"scratch_e": "Scratch-E", "scratch_b": "Scratch-B", "wide": "wide"}
 VERDICTS = ("supported", "refuted", "inconclusive", "insufficient_seeds")

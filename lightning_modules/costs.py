@@ -1,0 +1,82 @@
+"""Parameters and FLOPs of headroom's models, from their configs alone (no torch), and the Scratch-B budget they
+decide. Tested against the built models' own parameters and modules (tests/test_config.py, test_pruning.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Counts:
+    attention: int
+    mlp: int
+    other: int  # embeddings, norms, LM head
+
+    @property
+    def total(self) -> int:
+        return self.attention + self.mlp + self.other
+
+
+def param_counts(cfg: ModelConfig, kv_heads_per_layer: list[int] | None = None) -> Counts:
+    """Exact parameter counts of the models `lightning_modules.models.build_model` makes (tested against them).
+
+    decoder (Llama): no biases, RMSNorm, SwiGLU MLP, tied embeddings.
+    encoder (BERT): biases, LayerNorm, GELU MLP, learned positions, one token type, tied MLM decoder.
+    """
+    d, ff, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    kv = kv_heads_per_layer or cfg.layer_heads
+    attn = 0
+    for h, hk in zip(cfg.layer_heads, kv):
+        inner, inner_kv = h * cfg.head_dim, hk * cfg.head_dim
+        if cfg.family == "decoder":
+            attn += d * inner + 2 * d * inner_kv + inner * d
+        else:
+            attn += 3 * (d * inner + inner) + inner * d + d
+    if cfg.family == "decoder":
+        mlp = cfg.n_layers * 3 * d * ff
+        other = v * d + cfg.n_layers * 2 * d + d
+    else:
+        mlp = cfg.n_layers * (d * ff + ff + ff * d + d)
+        embeddings = v * d + cfg.max_seq_len * d + d + 2 * d
+        norms = cfg.n_layers * 2 * 2 * d
+        head = d * d + d + 2 * d + v  # transform dense, LayerNorm, decoder bias (weight tied)
+        other = embeddings + norms + head
+    return Counts(attention=attn, mlp=mlp, other=other)
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int, kv_heads_per_layer: list[int] | None = None) -> Counts:
+    """Forward matmul FLOPs per token (2 per multiply-add), split into attention, MLP and the LM head.
+
+    Attention = q/k/v/o projections + scores (QKᵀ and AV over the full context, as Kaplan et al. count it).
+    Training costs 3× this (see `train_flops_per_token`). Norms, softmax and embeddings lookups are ignored.
+    """
+    d, ff, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    kv = kv_heads_per_layer or cfg.layer_heads
+    attn = 0
+    for h, hk in zip(cfg.layer_heads, kv):
+        inner, inner_kv = h * cfg.head_dim, hk * cfg.head_dim
+        attn += 2 * (d * inner + 2 * d * inner_kv + inner * d)  # projections
+        attn += 2 * 2 * seq_len * inner  # QKᵀ and AV
+    n_mats = 3 if cfg.family == "decoder" else 2
+    mlp = cfg.n_layers * 2 * n_mats * d * ff
+    other = 2 * d * v + (2 * d * d if cfg.family == "encoder" else 0)
+    return Counts(attention=attn, mlp=mlp, other=other)
+
+
+def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+    """Forward + backward ≈ 3 × forward."""
+    return 3 * flops_per_token(cfg, seq_len).total
+
+
+def scratch_b_steps(
+    dense: ModelConfig, pruned: ModelConfig, dense_steps: int, finetune_steps: int, seq_len: int
+) -> int:
+    """Steps that give the pruned architecture, trained from scratch, the training FLOPs of the pruned arm:
+    dense T steps at dense size + F recovery steps at pruned size (Liu et al. 2019 "Scratch-B"; head scoring is
+    not counted). Tokens per step are equal, so the budget converts to steps via FLOPs per token."""
+    budget = dense_steps * train_flops_per_token(dense, seq_len) + finetune_steps * train_flops_per_token(
+        pruned, seq_len
+    )
+    return int(round(budget / train_flops_per_token(pruned, seq_len)))

@@ -1,0 +1,199 @@
+"""Text → tokens: the byte and subword tokenisers, the identity of the token streams a run sees (what every unit
+key and the plan's vocabulary rest on), and the encoded streams, cached. No torch here either."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .config import BYTE_VOCAB_SIZE, EOS_ID, MASK_ID, PAD_ID, DataConfig, HeadroomInputError
+from .corpus import Corpus, load_corpus
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are the tokens (ids 0..255), then pad, mask, eos."""
+
+    name = "byte"
+    vocab_size = BYTE_VOCAB_SIZE
+    pad_id, mask_id, eos_id = PAD_ID, MASK_ID, EOS_ID
+    n_special = 4
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", "replace")
+
+
+class HFTokenizer:
+    """A `tokenizers`/`transformers` tokenizer: BPE trained on the train split, or a checkpoint's own."""
+
+    def __init__(self, tok, name: str):
+        self.tok, self.name = tok, name
+        self.vocab_size = len(tok)
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.eos_id = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
+        self.mask_id = tok.mask_token_id
+        if self.eos_id is None:
+            self.eos_id = self.pad_id
+        self.n_special = len(getattr(tok, "all_special_ids", ()))
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(list(ids))
+
+    def fingerprint(self) -> str:
+        """The tokenizer's content (vocabulary, merges, normalisation), not its name: a cache key."""
+        backend = getattr(self.tok, "backend_tokenizer", None)
+        text = backend.to_str() if backend is not None else json.dumps(self.tok.get_vocab(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HEADROOM_CACHE", Path.home() / ".cache" / "headroom"))
+
+
+def train_bpe(docs: list[str], vocab_size: int, corpus_hash: str) -> HFTokenizer:
+    """A byte-level BPE tokenizer trained on `docs` with `tokenizers`, cached by corpus hash and size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    path = cache_dir() / "bpe" / f"{corpus_hash}-{vocab_size}.json"
+    if not path.exists():
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=["<pad>", "<mask>", "<eos>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        )
+        tok.train_from_iterator(docs, trainer=trainer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tok.save(str(tmp))
+        os.replace(tmp, path)  # atomic: concurrent trials never read a half-written file
+    fast = PreTrainedTokenizerFast(
+        tokenizer_file=str(path), pad_token="<pad>", mask_token="<mask>", eos_token="<eos>"
+    )
+    return HFTokenizer(fast, f"bpe-{vocab_size}")
+
+
+def pretrained_tokenizer(directory: str) -> HFTokenizer:
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(os.path.expanduser(directory))
+    except Exception as e:
+        raise HeadroomInputError(f"tokenizer {directory}: {str(e).splitlines()[0]}") from None
+    return HFTokenizer(tok, f"pretrained:{directory}")
+
+
+def make_tokenizer(cfg: DataConfig, corpus: Corpus | None):
+    if cfg.tokenizer == "byte":
+        return ByteTokenizer()
+    if cfg.tokenizer == "bpe":
+        assert corpus is not None
+        return train_bpe(corpus.splits["train"], cfg.bpe_vocab_size, corpus.corpus_hash)
+    return pretrained_tokenizer(cfg.tokenizer.split(":", 1)[1])
+
+
+MQAR_PAIRS = {"train": 8, "val": 8, "calibration": 8, "id": 8, "shift": 16}  # shift: twice the pairs to recall
+MQAR_STREAMS = {"val": 1, "calibration": 2, "id": 3, "shift": 4}  # train uses the run's seed (+ 1000)
+
+
+def mqar_hash() -> str:
+    params = {"pairs": MQAR_PAIRS, "streams": MQAR_STREAMS}
+    return "mqar-" + hashlib.sha256(json.dumps(params).encode()).hexdigest()[:11]
+
+
+def data_hash(corpus: Corpus, tokenizer) -> str:
+    """The identity of the token streams a run sees: the corpus hash, plus the tokenizer's unless it is bytes."""
+    if tokenizer.name == "byte":
+        return corpus.corpus_hash
+    return corpus.corpus_hash + "-" + hashlib.sha256(tokenizer.name.encode()).hexdigest()[:6]
+
+
+@dataclass(frozen=True)
+class DataIdentity:
+    """What a sweep's driver needs of its data before planning: the identity of the token streams (it goes into
+    every unit key) and the vocabulary size actually trained (it decides the models' sizes, so Scratch-B's
+    compute)."""
+
+    data_hash: str
+    vocab_size: int
+
+
+def data_identity(cfg: DataConfig) -> DataIdentity:
+    """`data_hash` and the tokenizer's vocabulary without torch (and a BPE tokenizer trained into the cache once,
+    before trials would race to)."""
+    if cfg.source == "mqar":
+        return DataIdentity(mqar_hash(), BYTE_VOCAB_SIZE)
+    corpus = load_corpus(cfg)
+    tok = make_tokenizer(cfg, corpus)
+    return DataIdentity(data_hash(corpus, tok), tok.vocab_size)
+
+
+def planned_vocab_size(cfg: DataConfig) -> tuple[int, str]:
+    """The vocabulary size a plan can know without reading the corpus: (size, how it is known). Bytes and a
+    pretrained tokenizer are exact; a BPE tokenizer not yet trained is planned at its declared size (training
+    reaches it on any corpus of a few megabytes; the sweep itself plans with the trained tokenizer)."""
+    if cfg.tokenizer == "byte" or cfg.source == "mqar":
+        return BYTE_VOCAB_SIZE, "bytes"
+    if cfg.tokenizer.startswith("pretrained:"):
+        return pretrained_tokenizer(cfg.tokenizer.split(":", 1)[1]).vocab_size, "the pretrained tokenizer"
+    return cfg.bpe_vocab_size, "declared bpe_vocab_size (the tokenizer is trained when the sweep starts)"
+
+
+def encode_docs(tokenizer, docs: list[str]) -> np.ndarray:
+    """Concatenate documents, each followed by eos, into one token stream."""
+    if not docs:
+        return np.zeros(0, dtype=np.int32)
+    parts = []
+    eos = np.asarray([tokenizer.eos_id], dtype=np.int32)
+    for d in docs:
+        parts.append(tokenizer.encode(d))
+        parts.append(eos)
+    return np.concatenate(parts)
+
+
+def encode_splits(tokenizer, splits: dict[str, list[str]], data_id: str) -> dict[str, np.ndarray]:
+    """Token streams of every non-empty split. A subword tokenizer's streams are cached in HEADROOM_CACHE by data
+    identity and tokenizer content: encoding a corpus takes seconds to minutes, and every trial of a sweep would
+    repeat it. Bytes are re-encoded (faster than reading a cache)."""
+    if tokenizer.name == "byte":
+        return {s: encode_docs(tokenizer, d) for s, d in splits.items() if d}
+    root = cache_dir() / "streams" / f"{data_id}-{tokenizer.fingerprint()}"
+    out = {}
+    for split, docs in splits.items():
+        if not docs:
+            continue
+        path = root / f"{split}.npy"
+        if path.exists():
+            out[split] = np.load(path)
+            continue
+        out[split] = encode_docs(tokenizer, docs)
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".{split}.tmp{os.getpid()}.npy"
+        np.save(tmp, out[split])
+        os.replace(tmp, path)  # atomic: a concurrent trial reads a whole file or none
+    return out
+
+
+def unigram_entropy(counts) -> float:
+    """Entropy in nats of the empirical unigram distribution given token counts."""
+    total = float(sum(counts))
+    return -sum((c / total) * math.log(c / total) for c in counts if c > 0)
+
+
+def unigram_entropy_of(stream: np.ndarray, vocab_size: int) -> float:
+    """Entropy (nats/token) of the empirical unigram distribution of a token stream: the loss floor of a
+    model that ignores context."""
+    return unigram_entropy(np.bincount(stream, minlength=vocab_size).tolist())

@@ -1,0 +1,205 @@
+"""`headroom train`, `headroom score` and `headroom prune`: one model at a time, outside any sweep. Input is
+validated before torch is imported; an output directory appears only when its run is complete."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+from lightning_modules.checkpoints import checkpoint_info
+from lightning_modules.config import (
+    METHODS,
+    DataConfig,
+    HeadroomInputError,
+    PrunePlan,
+    TrainConfig,
+    check_compatible,
+    check_ratio_fits,
+    first_error,
+    model_config_for,
+    train_config_for,
+)
+from lightning_modules.corpus import check_source
+
+from .frameworks import quiet_frameworks
+from .report.plots import heatmap, prune_curve_plot
+
+
+def _check_out(out: str) -> Path:
+    p = Path(out).expanduser()
+    if p.exists() and (not p.is_dir() or any(p.iterdir())):
+        raise HeadroomInputError(f"--out {out}: exists and is not empty; choose a new directory")
+    return p
+
+
+def cmd_train(args) -> int:
+    # ---- validate everything first (no torch yet)
+    model_cfg = model_config_for(args.scale, args.family, n_heads=args.heads, head_dim=args.head_dim)
+    train_cfg = train_config_for(
+        args.scale, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+        warmup_steps=args.warmup_steps, schedule=args.schedule, weight_decay=args.weight_decay,
+        precision=args.precision, seed=args.seed, val_every=args.val_every, eval_batches=args.eval_batches,
+    )
+    check_compatible(model_cfg, train_cfg)
+    try:
+        data_cfg = DataConfig(source=args.data, shift=args.shift, tokenizer=args.tokenizer)
+    except ValueError as e:
+        raise HeadroomInputError(f"--data: {first_error(e)}") from None
+    check_source(data_cfg)
+    out = _check_out(args.out)
+
+    # ---- now the frameworks
+    quiet_frameworks()
+    from lightning_modules.train import set_threads, train_lm, write_run
+
+    set_threads()
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        result = train_lm(model_cfg, train_cfg, data_cfg, checkpoint_dir=staging / "checkpoints",
+                          progress=not args.quiet)
+        write_run(result, staging, staging / "checkpoints" / "last.ckpt")
+        shutil.rmtree(staging / "checkpoints", ignore_errors=True)
+        if out.exists():
+            out.rmdir()
+        os.replace(staging, out)  # complete or absent: never a half-written run under the name asked for
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    m = result.metrics
+    finals = ", ".join(f"{k} {v['loss']:.4f}" for k, v in m["final"].items())
+    print(f"trained {model_cfg.family} scale {args.scale}, {model_cfg.layer_heads[0]} heads x {model_cfg.head_dim}:"
+          f" {m['params']:,} params, {m['steps']} steps, {m['tokens_per_s']:,.0f} tokens/s; loss {finals}")
+    print(f"wrote {out}/ (model/, last.ckpt, metrics.json)")
+    return 0
+
+
+def _checkpoint_setup(args):
+    """Everything `score` and `prune` need, validated without torch: (checkpoint info, data config, train config,
+    data family)."""
+    if args.method not in METHODS:
+        raise HeadroomInputError(f"--method: unknown method {args.method!r}; choose one of {', '.join(METHODS)}")
+    info = checkpoint_info(args.checkpoint)
+    run = info.run or {}
+    data_kw = dict(run.get("data_config") or {})
+    if args.data:
+        data_kw = {"source": args.data}
+    if args.shift:
+        data_kw["shift"] = args.shift
+    if args.tokenizer:
+        data_kw["tokenizer"] = args.tokenizer
+    elif not run or (data_kw.get("tokenizer") == "bpe" and info.has_tokenizer):
+        # a checkpoint's own tokenizer; a run's BPE tokenizer was saved beside its model, so it is not retrained
+        data_kw["tokenizer"] = f"pretrained:{info.model_dir}" if info.has_tokenizer else "byte"
+    try:
+        data_cfg = DataConfig(**data_kw)
+    except ValueError as e:
+        raise HeadroomInputError(f"--data: {first_error(e)}") from None
+    check_source(data_cfg)
+    base = dict(run.get("train_config") or {"steps": 1})
+    seq_default = min(128, info.max_positions or 128)
+    base.update(seq_len=args.seq_len or base.get("seq_len", seq_default), seed=args.seed,
+                batch_size=args.batch_size or base.get("batch_size", 16))
+    try:
+        train_cfg = TrainConfig(**base)
+    except ValueError as e:
+        raise HeadroomInputError(first_error(e)) from None
+    if info.max_positions and train_cfg.seq_len > info.max_positions:
+        raise HeadroomInputError(f"seq_len {train_cfg.seq_len} exceeds the model's maximum {info.max_positions}")
+    return info, data_cfg, train_cfg, info.family
+
+
+def _load_for_scoring(info, data_cfg, train_cfg, family, calibration_batches):
+    from lightning_modules.data import HeadroomData
+    from lightning_modules.models import load_model
+
+    model = load_model(info.model_dir)
+    data = HeadroomData(data_cfg, train_cfg, family).prepare()
+    if data.vocab_size > model.config.vocab_size:
+        raise HeadroomInputError(
+            f"tokenizer has {data.vocab_size} tokens, the model's vocabulary {model.config.vocab_size}")
+    calib = list(data.loader("calibration", calibration_batches))
+    if not calib or calib[0]["input_ids"].shape[0] < train_cfg.batch_size:
+        raise HeadroomInputError(
+            f"calibration data is shorter than one batch ({train_cfg.batch_size} windows of {train_cfg.seq_len})")
+    return model, data, calib
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def cmd_score(args) -> int:
+    info, data_cfg, train_cfg, family = _checkpoint_setup(args)
+    out = Path(args.out).expanduser()
+    if not out.parent.is_dir():
+        raise HeadroomInputError(f"--out {args.out}: directory {out.parent} does not exist")
+    quiet_frameworks()
+    from lightning_modules.scoring import score_heads
+    from lightning_modules.train import set_threads
+
+    set_threads()
+    model, data, calib = _load_for_scoring(info, data_cfg, train_cfg, family, args.calibration_batches)
+    scores = score_heads(model, calib, args.method, seed=args.seed)
+    rows = [[None if math.isnan(x) else x for x in r] for r in scores.tolist()]
+    png = out.with_suffix(".png")
+    heatmap(rows, png, f"{args.method} importance — {Path(args.checkpoint).name}")
+    _atomic_write(out, json.dumps({"method": args.method, "checkpoint": str(args.checkpoint),
+                                   "layer_heads": info.layer_heads, "corpus_hash": data.corpus_hash,
+                                   "tokenizer": data.tokenizer.name,
+                                   "calibration": {"batches": len(calib), "batch_size": train_cfg.batch_size,
+                                                   "seq_len": train_cfg.seq_len},
+                                   "scores": rows}, indent=2) + "\n")
+    print(f"wrote {out} and {png}")
+    return 0
+
+
+def cmd_prune(args) -> int:
+    info, data_cfg, train_cfg, family = _checkpoint_setup(args)
+    try:
+        plan = PrunePlan(method=args.method, ratio=args.ratio, scope=args.scope,
+                         schedule="iterative" if args.iterative else "one_shot", step=args.iterative or 0.1,
+                         finetune_steps=args.finetune_steps, finetune_lr=args.finetune_lr, seed=args.seed)
+    except ValueError as e:
+        raise HeadroomInputError(first_error(e)) from None
+    check_ratio_fits(info.layer_heads, plan.ratio, plan.scope)
+    out = _check_out(args.out)
+    quiet_frameworks()
+    from lightning_modules.models import save_model
+    from lightning_modules.pruning import run_prune
+    from lightning_modules.train import set_threads
+
+    set_threads()
+    model, data, _ = _load_for_scoring(info, data_cfg, train_cfg, family, args.calibration_batches)
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        staging.mkdir(parents=True)
+        pruned, scores, metrics = run_prune(model, data, plan, eval_batches=args.eval_batches,
+                                            curve_batches=args.curve_batches,
+                                            calibration_batches=args.calibration_batches, progress=not args.quiet)
+        metrics.update(checkpoint=str(args.checkpoint), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets,
+                       tokenizer=data.tokenizer.name)
+        windows = metrics.pop("windows")
+        save_model(pruned, staging / "model", data.tokenizer)
+        (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (staging / "eval_windows.json").write_text(json.dumps(windows) + "\n")
+        heatmap(metrics["scores"], staging / "scores.png", f"{plan.method} importance")
+        if metrics["prune_curve"]:
+            prune_curve_plot(metrics["prune_curve"], data.eval_sets or ["val"], staging / "prune_curve.png",
+                             f"mask-only prune curve ({plan.method}, {plan.scope})")
+        if out.exists():
+            out.rmdir()
+        os.replace(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    loss = metrics["loss"]
+    first = data.eval_sets[0] if data.eval_sets else "val"
+    print(f"pruned {plan.method} ratio {plan.ratio} ({plan.scope}, {plan.schedule}): heads {metrics['heads_kept']}"
+          f" of {metrics['heads_dense']}; {first} loss dense {loss['dense'][first]['loss']:.4f}, masked "
+          f"{loss['pre_ft'][first]['loss']:.4f}, final {loss['final'][first]['loss']:.4f}; latency ms "
+          + ", ".join(f"{k} {v:.2f}" for k, v in metrics["latency_ms"].items()))
+    print(f"wrote {out}/ (model/, metrics.json, eval_windows.json, scores.png, prune_curve.png)")
+    return 0

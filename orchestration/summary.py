@@ -1,0 +1,60 @@
+"""What `headroom sweep` prints when its stages are done, before the verdict: mean final losses per arm, wall
+time per stage and the compute share. Read from the sweep's MLflow runs (as the driver's tracker holds them)."""
+
+from __future__ import annotations
+
+import statistics
+
+from .plan import compute_share
+
+
+def loss_table(sweep_name: str, runs: list) -> str:
+    """Mean final loss over seeds, per (scale, family, ratio) and arm, on `id` (else val); "" with no rows."""
+    rows: dict[tuple, dict[str, list[float]]] = {}
+    pruned_ratios = sorted({x.data.tags.get("headroom.ratio") for x in runs if x.data.tags.get("headroom.arm") == "pruned"})
+    for run in runs:
+        t = run.data.tags
+        if t.get("headroom.stage") == "lr_search" or run.info.status != "FINISHED":
+            continue
+        m = run.data.metrics
+        split = "id" if "final/id/loss" in m else "val"
+        loss = m.get(f"final/{split}/loss")
+        if loss is None:
+            continue
+        arm = t["headroom.arm"]
+        if arm == "pruned":
+            arm = f"pruned:{t['headroom.method']}" + ("" if t["headroom.scope"] == "per_layer" else "/global")
+        elif t["headroom.scope"] == "global":
+            arm = f"{arm}:{t['headroom.method']}/global"
+        for r in [t["headroom.ratio"]] if arm != "dense" else pruned_ratios:  # dense: a column of every ratio
+            rows.setdefault((t["headroom.scale"], t["headroom.family"], r, split), {}).setdefault(arm, []).append(loss)
+    if not rows:
+        return ""
+    arms = sorted({a for v in rows.values() for a in v}, key=lambda a: (a != "dense", not a.startswith("pruned"), a))
+    head = ["scale", "family", "ratio", "set"] + arms
+    table = [head]
+    for (scale, family, ratio, split), v in sorted(rows.items()):
+        table.append([scale, family, str(ratio), split] + [
+            f"{statistics.fmean(v[a]):.4f} (n={len(v[a])})" if a in v else "—" for a in arms])
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    lines = [f"\nsweep {sweep_name}: mean final loss (nats/token) over seeds, lower is better"]
+    for i, r in enumerate(table):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def timing(wall: float, stage_seconds: dict[str, float], runs: list) -> str:
+    """Wall time per stage, and how much of the trials' time was the work itself (train/eval/score steps)."""
+    lines = []
+    if stage_seconds:
+        lines.append(f"\nwall time {wall:.0f} s: " + ", ".join(f"{k} {v:.0f} s" for k, v in stage_seconds.items())
+                     + f", other {wall - sum(stage_seconds.values()):.0f} s (plan, data, Ray start, MLflow)")
+    share = compute_share([r.data.metrics for r in runs if r.info.status == "FINISHED"])
+    if share is not None:
+        lines.append(f"compute share: {share['share']:.0%} of {share['trial_s']:.0f} trial-seconds ({share['trials']} "
+                     f"trials) in training, evaluation and scoring steps (train {share['train_s']:.0%}, eval "
+                     f"{share['eval_s']:.0%}, score {share['score_s']:.0%}); the rest is setup, data, checkpoints "
+                     "(lr candidates stopped early by ASHA report no timings)")
+    return "\n".join(lines)
