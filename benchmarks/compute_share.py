@@ -23,6 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sweep_runs import run_and_read
+
+from orchestration.plan import compute_share
+from orchestration.spec import TrainOverrides, load_sweep
+
 GOAL = 0.6
 
 
@@ -33,9 +38,6 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/compute_share.json")
     args = ap.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-
-    from orchestration.plan import compute_share
-    from orchestration.spec import TrainOverrides, load_sweep
 
     sweep, text = load_sweep(args.sweep)
     if args.tiny:  # one scale, two seeds, a few steps: the same stages and arms
@@ -49,8 +51,6 @@ def main() -> int:
     cwd = os.getcwd()
     os.chdir(work)  # mlflow.db, ray_results/, reports/ go here
     try:
-        from sweep_runs import run_and_read
-
         got = run_and_read(sweep, Path(args.sweep).name, text)
         if got is None:
             return 1

@@ -10,6 +10,7 @@ gate only zeroes outputs), so its latency should stay at the dense one; only phy
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -28,8 +29,6 @@ def main(argv=None) -> dict:
     ap.add_argument("--ratios", default="0.25,0.5,0.75")
     ap.add_argument("--out", default="benchmarks/results/prune_speed.json")
     args = ap.parse_args(argv)
-
-    import copy
 
     import torch
 

@@ -28,17 +28,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sweep_runs import run_and_read
+
+from orchestration.plan import Unit, prune_units, train_units
+from orchestration.spec import load_sweep
+
 
 def naive_trial(config):
     """The baseline: train this unit's dense model, then prune it — in one trial, every time."""
     from ray import tune
 
-    from lightning_modules.config import PrunePlan
     from lightning_modules.pruning import run_prune
     from lightning_modules.train import set_threads, train_lm
     from orchestration.callbacks import ReportAtValidation, StepHistory
     from orchestration.frameworks import quiet_frameworks
-    from orchestration.plan import Unit
 
     quiet_frameworks()
     set_threads()
@@ -47,11 +50,11 @@ def naive_trial(config):
     dense, unit = Unit.from_dict(cfg["dense"]), Unit.from_dict(cfg["unit"])
     # trained as a sweep's train trial trains: reporting and checkpointing at every validation
     history = StepHistory()
-    result = train_lm(dense.model_config(), dense.train_config(), dense.data_config(), progress=False,
+    result = train_lm(dense.model, dense.train, dense.data, progress=False,
                       callbacks=[history, ReportAtValidation(history)])
-    run_prune(result.lm.model.eval(), result.data, PrunePlan(**unit.plan),
-              eval_batches=unit.train_config().eval_batches, calibration_batches=unit.calibration_batches,
-              curve=unit.curve, curve_batches=unit.curve_batches)
+    run_prune(result.lm.model.eval(), result.data, unit.plan, eval_batches=unit.train.eval_batches,
+              calibration_batches=unit.prune.calibration_batches, curve=unit.prune.curve,
+              curve_batches=unit.prune.curve_batches)
     tune.report({"work_s": time.time() - t0})
 
 
@@ -62,9 +65,6 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/sweep_reuse.json")
     args = ap.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-
-    from orchestration.plan import prune_units, train_units
-    from orchestration.spec import load_sweep
 
     sweep, _ = load_sweep(ROOT / "sweeps" / "smoke.yaml")
     steps = args.steps or (40 if args.tiny else 300)
@@ -79,8 +79,6 @@ def main() -> int:
     cwd = os.getcwd()
     os.chdir(work)  # mlflow.db, ray_results/ go here
     try:
-        from sweep_runs import run_and_read
-
         got = run_and_read(sweep, "smoke.yaml", "(benchmark)")
         if got is None:
             return 1

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -84,9 +86,6 @@ def main(argv=None) -> dict:
     ap.add_argument("--seq-len", type=int)
     ap.add_argument("--out", default="benchmarks/results/train_overhead.json")
     args = ap.parse_args(argv)
-
-    import logging
-    import warnings
 
     import torch
 

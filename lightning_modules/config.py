@@ -97,7 +97,7 @@ class ModelConfig(Strict):
     def uniform(self) -> bool:
         return len(set(self.layer_heads)) == 1
 
-    def with_heads(self, heads: int | list[int] | tuple[int, ...], head_dim: int | None = None) -> "ModelConfig":
+    def with_heads(self, heads: int | list[int] | tuple[int, ...], head_dim: int | None = None) -> ModelConfig:
         """Same architecture with other head counts (int: uniform; list: per layer) and optionally head_dim."""
         data = self.model_dump()
         if isinstance(heads, int):

@@ -173,7 +173,7 @@ class MQAR(Dataset):
     only the answers (the value after each queried key) are predicted. Keys are tokens 0..63, values 64..127.
     For the encoder family the answers are replaced by the mask token."""
 
-    KEYS, VALUES = range(0, 64), range(64, 128)
+    KEYS, VALUES = range(64), range(64, 128)
 
     def __init__(self, seq_len: int, n_pairs: int, stream_seed: int, n_samples: int, start: int = 0,
                  mask_id: int | None = None, pad_id: int = 256):
@@ -220,7 +220,7 @@ class HeadroomData(pl.LightningDataModule):
         self._prepared = False
 
     # ---- loading
-    def prepare(self) -> "HeadroomData":
+    def prepare(self) -> HeadroomData:
         if self._prepared:
             return self
         if self.data.source == "mqar":

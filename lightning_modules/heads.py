@@ -30,7 +30,7 @@ Families: `llama` (Llama-family decoders, incl. headroom's decoder), `gpt2`, `be
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn

@@ -33,16 +33,24 @@ def lr_lambda(cfg: TrainConfig, total_steps: int | None = None):
     return f
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig):
-    """AdamW; weight decay on matrices only (not on biases and norm gains). The same for the Lightning module and
-    for the plain loop of benchmarks/train_overhead.py."""
+def optimizer_params(model: torch.nn.Module) -> tuple[list[tuple[str, torch.nn.Parameter]], list]:
+    """(matrices, the rest) as (name, parameter), each trainable parameter once (tied ones under their first
+    name): AdamW's two groups, in the order its state is indexed (the first group's, then the second's)."""
     seen, decay, no_decay = set(), [], []
-    for p in model.parameters():
+    for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (decay if p.dim() >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        (decay if p.dim() >= 2 else no_decay).append((name, p))
+    return decay, no_decay
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig):
+    """AdamW; weight decay on matrices only (not on biases and norm gains). The same for the Lightning module and
+    for the plain loop of benchmarks/train_overhead.py."""
+    decay, no_decay = optimizer_params(model)
+    groups = [{"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
+              {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
     kw = {"fused": True} if torch.cuda.is_available() else {}
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **kw)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
@@ -105,7 +113,7 @@ class HeadroomLM(pl.LightningModule):
         self._val = [0.0, 0]
 
     @classmethod
-    def from_model(cls, model, train_cfg: TrainConfig, loss_fn=None) -> "HeadroomLM":
+    def from_model(cls, model, train_cfg: TrainConfig, loss_fn=None) -> HeadroomLM:
         """Wrap an existing model (a pruned one, for recovery fine-tuning)."""
         mc = model_config_of(model)
         return cls(mc.model_dump(mode="json") if mc else None, train_cfg.model_dump(mode="json"), model=model,

@@ -8,7 +8,7 @@ import copy
 import math
 import statistics
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -57,7 +57,7 @@ def heads_to_keep(scores: torch.Tensor, heads: list[int], ratio: float, scope: s
         return keep
     total = sum(heads)
     n_remove = min(heads_removed(total, ratio), total - L)
-    order = sorted(((s[l, h].item(), l, h) for l in range(L) for h in range(heads[l])))
+    order = sorted((s[l, h].item(), l, h) for l in range(L) for h in range(heads[l]))
     left = list(heads)
     gone = set()
     for _, l, h in order:
@@ -225,7 +225,33 @@ def finetune(model, data, steps: int, lr: float, base: TrainConfig, loss_fn: Los
     return lm.model.eval()
 
 
-class _Timer:
+def recover(pruned, data, plan: PrunePlan, loaders: dict, loss_fn, timer: WorkTimer, progress: bool = False):
+    """The recovery fine-tune of `plan` (none when finetune_steps is 0): each rate of the plan fine-tunes a copy
+    and the lowest validation loss wins (chosen on val, never on an eval set). Returns (model, {split: evaluation
+    after it, per window} or {} without a fine-tune, {"lr", "source", "grid"})."""
+    if not plan.finetune_steps:
+        return pruned, {}, {"lr": None, "source": "none", "grid": {}}
+    clock = TrainClock()
+    grid, val_of, finetuned = {}, {}, {}
+    for lr in plan.finetune_lrs:
+        candidate = finetune(copy.deepcopy(pruned), data, plan.finetune_steps, lr, data.train_cfg, loss_fn, progress,
+                             clock)
+        timer.s["train_s"] += clock.seconds
+        clock.seconds = 0.0
+        with timer("eval_s"):
+            val_of[lr] = evaluate_loss(candidate, loaders["val"], loss_fn, per_window=True)
+        grid[lr] = val_of[lr]["loss"]
+        finetuned[lr] = candidate
+    best = min(grid, key=lambda lr: (grid[lr], lr))
+    with timer("eval_s"):  # val: measured already, when the rate was chosen
+        final = {s: val_of[best] if s == "val" else evaluate_loss(finetuned[best], l, loss_fn, per_window=True)
+                 for s, l in loaders.items()}
+    info = {"lr": best, "source": "fixed" if plan.finetune_lr is not None else "val-grid",
+            "grid": {f"{lr:.6g}": v for lr, v in grid.items()}}
+    return finetuned[best], final, info
+
+
+class WorkTimer:
     """Seconds per kind of work: what a trial spends in scoring, evaluation and training steps."""
 
     def __init__(self):
@@ -244,7 +270,7 @@ class _Timer:
         return _Span()
 
 
-def _windows(result: dict) -> dict:
+def split_windows(result: dict) -> dict:
     """Pop the per-window arrays of an evaluate(per_window=True) result (they travel apart from the metrics)."""
     return {"loss": result.pop("window_loss"), "tokens": result.pop("window_tokens")}
 
@@ -267,7 +293,7 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
     model's evaluation on exactly these windows when the caller has it already (a sweep's train trial measured
     it); otherwise it is measured here. metrics["windows"] holds per-window losses before and after fine-tune."""
     t_start = time.perf_counter()
-    timer = _Timer()
+    timer = WorkTimer()
     model.eval()
     loss_fn = loss_fn or default_loss(model)
     dense_teacher = getattr(loss_fn, "teacher", None)
@@ -294,7 +320,7 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
     gate.mask(keep, device=dev)
     with timer("eval_s"):
         pre_ft = {s: evaluate_loss(model, l, loss_fn, per_window=True) for s, l in loaders.items()}
-    windows = {"pre_ft": {s: _windows(v) for s, v in pre_ft.items()}}
+    windows = {"pre_ft": {s: split_windows(v) for s, v in pre_ft.items()}}
     lat_batch = next(iter(data.loader("val", 1, batch_size=latency_batch_size)))
     with timer("latency_s"):
         latency = {"masked": measure_latency(model, lat_batch, latency_repeats)}
@@ -314,35 +340,15 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
     prune_heads(pruned, keep)
     with timer("latency_s"):
         latency["pruned"] = measure_latency(pruned, lat_batch, latency_repeats)
-    finetuned = {}
     with timer("eval_s"):
         # the physically pruned model before fine-tune: equal to the masked one (checked on val when fine-tuning
         # follows, on every set when it does not)
         after_prune = {s: evaluate_loss(pruned, l, loss_fn, per_window=not plan.finetune_steps)
                        for s, l in loaders.items() if plan.finetune_steps == 0 or s == "val"}
-    if plan.finetune_steps:
-        clock = TrainClock()
-        grid, val_of = {}, {}
-        for lr in plan.finetune_lrs:
-            candidate = copy.deepcopy(pruned)
-            candidate = finetune(candidate, data, plan.finetune_steps, lr, data.train_cfg, loss_fn, progress, clock)
-            timer.s["train_s"] += clock.seconds
-            clock.seconds = 0.0
-            with timer("eval_s"):
-                val_of[lr] = evaluate_loss(candidate, loaders["val"], loss_fn, per_window=True)
-            grid[lr] = val_of[lr]["loss"]
-            finetuned[lr] = candidate
-        best = min(grid, key=lambda lr: (grid[lr], lr))  # chosen on the validation split
-        pruned = finetuned[best]
-        with timer("eval_s"):  # val: measured already, when the rate was chosen
-            final = {s: val_of[best] if s == "val" else evaluate_loss(pruned, l, loss_fn, per_window=True)
-                     for s, l in loaders.items()}
-        finetune_info = {"lr": best, "source": "fixed" if plan.finetune_lr is not None else "val-grid",
-                         "grid": {f"{lr:.6g}": v for lr, v in grid.items()}}
-    else:
+    pruned, final, finetune_info = recover(pruned, data, plan, loaders, loss_fn, timer, progress)
+    if not plan.finetune_steps:
         final = after_prune
-        finetune_info = {"lr": None, "source": "none", "grid": {}}
-    windows["final"] = {s: _windows(v) for s, v in final.items()}
+    windows["final"] = {s: split_windows(v) for s, v in final.items()}
     pruned_cost = {"params": count_parameters(pruned), "flops": forward_flops(pruned, seq_len)}
     timer.s["total_s"] = time.perf_counter() - t_start
     metrics = {

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
-from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F

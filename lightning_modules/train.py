@@ -42,6 +42,33 @@ class TrainClock(Callback):
         self.val_seconds += time.perf_counter() - self._v
 
 
+class Snapshots(Callback):
+    """Keeps the full Lightning checkpoint (weights, optimizer moments, schedule position, data position) of each
+    of `steps` as `directory/step<k>.ckpt`: where a prune at a fraction of training starts (step 0: at init).
+    A resumed run keeps the ones written before it (they travel with its checkpoints)."""
+
+    def __init__(self, steps, directory: str | os.PathLike):
+        self.steps, self.dir = set(steps), Path(directory)
+
+    @staticmethod
+    def path(directory: str | os.PathLike, step: int) -> Path:
+        return Path(directory) / f"step{step}.ckpt"
+
+    def _save(self, trainer) -> None:
+        step = int(trainer.global_step)
+        if step in self.steps and not self.path(self.dir, step).exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.dir / f".step{step}.partial"
+            trainer.save_checkpoint(str(tmp))
+            os.replace(tmp, self.path(self.dir, step))  # never a partial file under the final name
+
+    def on_train_start(self, trainer, pl_module):
+        self._save(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._save(trainer)
+
+
 @dataclass
 class TrainResult:
     lm: HeadroomLM

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import tempfile
+from pathlib import Path
 
 from pytorch_lightning.callbacks import Callback
 from ray import tune
@@ -54,8 +56,10 @@ class ReportAtValidation(Callback):
     (numbers), and the history is text, so this does the same with Ray's public API: `trainer.save_checkpoint`
     into a directory, `tune.Checkpoint.from_directory`, `tune.report`."""
 
-    def __init__(self, history: StepHistory, save_checkpoints: bool = True):
-        self.history, self.save_checkpoints = history, save_checkpoints
+    def __init__(self, history: StepHistory, save_checkpoints: bool = True, keep: Path | None = None):
+        # keep: a directory every checkpoint carries too (the dense run's snapshots for pruning at p·T), so a
+        # resumed trial still has the ones written before it
+        self.history, self.save_checkpoints, self.keep = history, save_checkpoints, keep
         self.last_step, self.last_val = -1, (float("nan"), float("nan"))
 
     def on_validation_end(self, trainer, pl_module):
@@ -70,4 +74,6 @@ class ReportAtValidation(Callback):
             return
         with tempfile.TemporaryDirectory() as d:
             trainer.save_checkpoint(os.path.join(d, LIGHTNING_FILE))
+            if self.keep is not None and self.keep.is_dir():
+                shutil.copytree(self.keep, Path(d) / self.keep.name)
             tune.report(report, checkpoint=tune.Checkpoint.from_directory(d))

@@ -9,8 +9,11 @@ prune plan and the key of the dense model it prunes — so a retried, resumed or
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
+
+from pydantic import Field
 
 from lightning_modules.config import (
     BYTE_VOCAB_SIZE,
@@ -20,6 +23,7 @@ from lightning_modules.config import (
     HeadroomInputError,
     ModelConfig,
     PrunePlan,
+    Strict,
     TrainConfig,
     heads_kept,
     model_config_for,
@@ -28,7 +32,7 @@ from lightning_modules.config import (
 )
 from lightning_modules.costs import scratch_b_steps
 
-from .spec import Sweep
+from .spec import ProbeSpec, Sweep
 
 NONE = "none"
 
@@ -55,36 +59,89 @@ def compute_share(metrics: list[dict]) -> dict | None:
             "trials": sum(1 for m in metrics if "cost/train_s" in m)}
 
 
-TAG_FIELDS = ("stage", "arm", "scale", "family", "heads", "method", "ratio", "scope", "schedule", "seed", "key")
+TAG_FIELDS = ("stage", "arm", "scale", "family", "heads", "method", "ratio", "scope", "schedule", "seed", "key",
+              "steps", "prune_at")
+SNAPSHOTS_DIR = "snapshots"  # a dense run's kept checkpoints (step<k>.ckpt) for pruning at p·T, beside its model
+
+
+def cell_label(scale: str, budget: int | None) -> str:
+    """What the report and summaries call a scale trained at one of several budgets T: "s-T1500" (a single
+    budget: "s"), as in the run names."""
+    return scale if budget is None else f"{scale}-T{budget}"
+
+
+def split_label(label: str) -> tuple[str, int | None]:
+    """cell_label's inverse: ("s", 1500) or ("s", None)."""
+    scale, _, budget = label.partition("-T")
+    return scale, int(budget) if budget else None
+
+
+class ProbeRun(ProbeSpec):
+    """A dense train unit's mechanism probes: the sweep's ProbeSpec and the prune tolerance they compare with."""
+
+    tolerance: float = Field(gt=0)
+
+
+class PruneRun(Strict):
+    """How a prune unit prunes, beyond which heads it selects (the unit's method, ratio, scope and schedule):
+    the iterative step, the recovery fine-tune, the calibration data and the mask-only curve."""
+
+    step: float = Field(default=0.1, gt=0, le=1)
+    finetune_steps: int = Field(default=0, ge=0)
+    finetune_lr: float | None = Field(default=None, gt=0)
+    finetune_lr_grid: tuple[float, ...] = ()  # absolute rates (the sweep's multiples × the dense model's rate)
+    calibration_batches: int = Field(default=DEFAULT_CALIBRATION_BATCHES, gt=0)
+    curve: bool = True
+    curve_batches: int | None = Field(default=None, gt=0)  # batches per point of the curve (None: the eval budget)
+
+
+_PLAN_FIELDS = ("step", "finetune_steps", "finetune_lr", "finetune_lr_grid")
 
 
 @dataclass(frozen=True)
 class Unit:
+    """One unit of work, holding its validated configs. `to_dict`/`from_dict` are its serialised form: what
+    crosses the Ray boundary, what its key hashes, what a prune trial's metrics.json records."""
+
     stage: str  # lr_search | train | prune
     arm: str  # dense | pruned | scratch_e | scratch_b | wide
     scale: str
     family: str
     seed: int
-    model: dict | None  # ModelConfig (None: a pretrained checkpoint's own)
-    train: dict  # TrainConfig: the budget (train) or the batch shape and eval budget (prune)
-    data: dict  # DataConfig
+    model: ModelConfig | None  # None: a pretrained checkpoint's own
+    train: TrainConfig  # the budget (train) or the batch shape and eval budget (prune)
+    data: DataConfig
     corpus_hash: str
     heads: str  # "8", or "3,4,5" for per-layer counts
+    # which heads: what a prune unit removes, or what a control stands in for
     method: str = NONE
     ratio: float | None = None
     scope: str = NONE
     schedule: str = NONE
-    plan: dict | None = None  # PrunePlan (prune stage)
+    prune: PruneRun | None = None  # prune stage: how
     dense_key: str | None = None  # the dense unit a prune unit or a global-scope control derives from
-    calibration_batches: int = DEFAULT_CALIBRATION_BATCHES
-    curve: bool = True
-    curve_batches: int | None = None  # batches per point of the mask-only curve (None: the eval budget)
-    probes: dict | None = None  # ProbeSpec + tolerance (dense train units of a sweep with `probes`)
+    probes: ProbeRun | None = None  # dense train units of a sweep with `probes`
     lr_source: str = "preset"  # where train.lr came from: preset | sweep | searched | searched:<arch> (see lr_for)
+    # the training budget T of the dense run this unit belongs to, when its scale lists several (None: one)
+    budget: int | None = None
+    prune_at: float = 1.0  # prune stage: the fraction of T at which the heads are removed (1: the trained model)
+    snapshots: tuple[int, ...] = ()  # dense train units: the steps whose checkpoints prune units start from
     key: str = ""
 
-    def with_key(self) -> "Unit":
-        body = {k: v for k, v in asdict(self).items() if k != "key" and not (k == "probes" and v is None)}
+    @property
+    def plan(self) -> PrunePlan | None:
+        """A prune unit's PrunePlan (None for the other stages)."""
+        if self.prune is None:
+            return None
+        return PrunePlan(method=self.method, ratio=self.ratio, scope=self.scope, schedule=self.schedule,
+                         seed=self.seed, **{k: getattr(self.prune, k) for k in _PLAN_FIELDS})
+
+    def with_key(self) -> Unit:
+        # the budget is derived (train.steps and the dense key say it); timing fields enter only when set, so
+        # sweeps without them keep their keys
+        body = {k: v for k, v in self.to_dict().items() if k not in ("key", "budget")
+                and not (k == "probes" and v is None) and not (k == "prune_at" and v == 1.0)
+                and not (k == "snapshots" and not v)}
         digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
         return replace(self, key=digest)
 
@@ -93,8 +150,10 @@ class Unit:
         """Run name: what the MLflow UI lists, sortable by scale, family, arm, method, ratio, seed."""
         parts = [self.scale, self.family, self.arm]
         if self.stage == "lr_search":
-            parts = [self.scale, self.family, "lr", arch_key(self.model_config()), f"{self.train['lr']:.2e}"]
+            parts = [self.scale, self.family, "lr", arch_key(self.model), f"{self.train.lr:.2e}"]
         else:
+            if self.budget is not None:
+                parts.insert(2, f"T{self.budget}")
             if self.method != NONE:
                 parts.append(self.method)
             if self.ratio is not None:
@@ -103,6 +162,8 @@ class Unit:
                 parts.append("global")
             if self.schedule == "iterative":
                 parts.append("iter")
+            if self.prune_at != 1.0:
+                parts.append(f"at{self.prune_at:g}")
             parts.append(f"s{self.seed}")
         return "-".join(parts)
 
@@ -111,40 +172,56 @@ class Unit:
             "stage": self.stage, "arm": self.arm, "scale": self.scale, "family": self.family, "heads": self.heads,
             "method": self.method, "ratio": NONE if self.ratio is None else f"{self.ratio:g}", "scope": self.scope,
             "schedule": self.schedule, "seed": str(self.seed), "key": self.key,
+            "steps": NONE if self.budget is None else str(self.budget),
+            "prune_at": f"{self.prune_at:g}" if self.stage == "prune" else NONE,
         }
         return {f"headroom.{k}": str(d[k]) for k in TAG_FIELDS}
 
     def params(self) -> dict[str, str]:
         """MLflow params: the numbers a reader compares runs by (the UI's columns)."""
-        p = {"steps": self.train["steps"], "lr": self.train["lr"], "lr_source": self.lr_source,
-             "batch_size": self.train["batch_size"], "seq_len": self.train["seq_len"], "corpus_hash": self.corpus_hash,
-             "data": self.data["source"]}
+        t = self.train
+        p = {"steps": t.steps, "lr": t.lr, "lr_source": self.lr_source, "batch_size": t.batch_size,
+             "seq_len": t.seq_len, "corpus_hash": self.corpus_hash, "data": self.data.source}
         if self.model:
-            p.update(d_model=self.model["d_model"], n_layers=self.model["n_layers"], head_dim=self.model["head_dim"],
-                     n_heads=self.model["n_heads"], vocab_size=self.model["vocab_size"])
-        if self.plan:
-            fixed = self.plan["finetune_lr"]
-            p.update(finetune_steps=self.plan["finetune_steps"],
-                     finetune_lr=fixed if fixed is not None else "val-grid",
-                     finetune_lr_grid=",".join(f"{x:.3g}" for x in self.plan["finetune_lr_grid"]) or "none",
-                     calibration_batches=self.calibration_batches)
+            m = self.model
+            p.update(d_model=m.d_model, n_layers=m.n_layers, head_dim=m.head_dim, n_heads=m.n_heads,
+                     vocab_size=m.vocab_size)
+        if self.prune:
+            r = self.prune
+            p.update(finetune_steps=r.finetune_steps,
+                     finetune_lr=r.finetune_lr if r.finetune_lr is not None else "val-grid",
+                     finetune_lr_grid=",".join(f"{x:.3g}" for x in r.finetune_lr_grid) or "none",
+                     calibration_batches=r.calibration_batches)
         return {k: str(v) for k, v in p.items()}
 
-    def model_config(self) -> ModelConfig | None:
-        return ModelConfig(**self.model) if self.model else None
-
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(**self.train)
-
-    def data_config(self) -> DataConfig:
-        return DataConfig(**self.data)
-
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The serialised unit (JSON-able; the layout keys have always hashed, so keys stay stable)."""
+        dump = lambda c: None if c is None else c.model_dump(mode="json")
+        r = self.prune or PruneRun()
+        return {
+            "stage": self.stage, "arm": self.arm, "scale": self.scale, "family": self.family, "seed": self.seed,
+            "model": dump(self.model), "train": dump(self.train), "data": dump(self.data),
+            "corpus_hash": self.corpus_hash, "heads": self.heads, "method": self.method, "ratio": self.ratio,
+            "scope": self.scope, "schedule": self.schedule, "plan": dump(self.plan), "dense_key": self.dense_key,
+            "calibration_batches": r.calibration_batches, "curve": r.curve, "curve_batches": r.curve_batches,
+            "probes": dump(self.probes), "lr_source": self.lr_source, "budget": self.budget,
+            "prune_at": self.prune_at, "snapshots": list(self.snapshots), "key": self.key,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Unit":
-        return cls(**d)
+    def from_dict(cls, d: dict) -> Unit:
+        plan = d.get("plan")
+        prune = None
+        if plan is not None:
+            prune = PruneRun(**{k: plan[k] for k in _PLAN_FIELDS}, calibration_batches=d["calibration_batches"],
+                             curve=d["curve"], curve_batches=d["curve_batches"])
+        return cls(d["stage"], d["arm"], d["scale"], d["family"], d["seed"],
+                   ModelConfig(**d["model"]) if d["model"] else None, TrainConfig(**d["train"]),
+                   DataConfig(**d["data"]), d["corpus_hash"], d["heads"], method=d["method"], ratio=d["ratio"],
+                   scope=d["scope"], schedule=d["schedule"], prune=prune, dense_key=d["dense_key"],
+                   probes=ProbeRun(**d["probes"]) if d.get("probes") else None, lr_source=d["lr_source"],
+                   budget=d.get("budget"), prune_at=d.get("prune_at", 1.0), snapshots=tuple(d.get("snapshots", ())),
+                   key=d["key"])
 
 
 def _heads(h) -> str:
@@ -153,9 +230,9 @@ def _heads(h) -> str:
     return str(h[0]) if len(set(h)) == 1 else ",".join(map(str, h))
 
 
-def _train_cfg(sweep: Sweep, scale: str, seed: int, lr: float | None, steps: int | None = None) -> TrainConfig:
+def _train_cfg(sweep: Sweep, scale: str, seed: int, lr: float | None, steps: int) -> TrainConfig:
     sc = sweep.scales[scale]
-    return train_config_for(scale, steps=steps or sc.steps, lr=lr, seed=seed,
+    return train_config_for(scale, steps=steps, lr=lr, seed=seed,
                             **sc.overrides.model_dump(exclude_none=True))
 
 
@@ -214,72 +291,82 @@ def lr_search_bases(sweep: Sweep, corpus_hash: str, vocab_size: int = BYTE_VOCAB
         for family in sweep.families:
             for arch, (arm, model) in scratch_architectures(sweep, scale, family, vocab_size).items():
                 train = _train_cfg(sweep, scale, s.seed, SCALES[scale].lr, steps=s.steps)
-                out.append(Unit("lr_search", arm, scale, family, s.seed, model.model_dump(mode="json"),
-                                train.model_dump(mode="json"), sweep.data.model_dump(mode="json"), corpus_hash,
+                out.append(Unit("lr_search", arm, scale, family, s.seed, model, train, sweep.data, corpus_hash,
                                 _heads(list(model.layer_heads)), lr_source="searching").with_key())
     return out
 
 
 def lr_candidate(base: Unit, lr: float) -> Unit:
-    return replace(base, train={**base.train, "lr": float(lr)}).with_key()
+    return replace(base, train=base.train.model_copy(update={"lr": float(lr)})).with_key()
+
+
+def snapshot_step(at: float, steps: int) -> int:
+    """The dense step at which a prune at fraction `at` of `steps` starts (floor: always before the end)."""
+    return int(at * steps)
 
 
 def _trained(sweep, arm, scale, family, seed, model: ModelConfig, train: TrainConfig, corpus_hash, ratio=None,
-             method=NONE, scope=NONE, schedule=NONE, dense_key=None, lr_source="preset") -> Unit:
-    probes = None
-    if arm == "dense" and sweep.probes is not None:
-        probes = {**sweep.probes.model_dump(mode="json"), "tolerance": sweep.prune.tolerance}
-    return Unit("train", arm, scale, family, seed, model.model_dump(mode="json"), train.model_dump(mode="json"),
-                sweep.data.model_dump(mode="json"), corpus_hash, _heads(list(model.layer_heads)), method=method,
+             method=NONE, scope=NONE, schedule=NONE, dense_key=None, lr_source="preset", budget=None) -> Unit:
+    probes, snapshots = None, ()
+    if arm == "dense":
+        if sweep.probes is not None:
+            probes = ProbeRun(**sweep.probes.model_dump(), tolerance=sweep.prune.tolerance)
+        snapshots = tuple(sorted({snapshot_step(p, train.steps) for p in sweep.prune.at if p < 1}))
+    return Unit("train", arm, scale, family, seed, model, train, sweep.data, corpus_hash,
+                _heads(list(model.layer_heads)), method=method,
                 ratio=ratio, scope=scope, schedule=schedule, dense_key=dense_key, probes=probes,
-                lr_source=lr_source).with_key()
+                lr_source=lr_source, budget=budget, snapshots=snapshots).with_key()
+
+
+def _cells(sweep: Sweep):
+    """(scale, budget T, family, seed) of every dense run, in plan order."""
+    for scale, sc in (sweep.scales or {}).items():
+        for budget in sc.budgets(scale):
+            for family in sweep.families:
+                for seed in sweep.seeds:
+                    yield scale, budget, family, seed
 
 
 def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None,
                 vocab_size: int = BYTE_VOCAB_SIZE) -> list[Unit]:
-    """Stage 2: dense runs, and the controls whose architecture is known before pruning (uniform head counts of a
-    per_layer prune: Scratch-E, Scratch-B, wide). Ordered so that dense runs start first. Models carry the
-    vocabulary actually trained (`vocab_size`, the tokenizer's), so Scratch-B's compute matches the pruned arm's.
-    `lrs` maps (scale, family, arch_key) to a searched rate."""
+    """Stage 2: dense runs (one per budget of a scale), and the controls whose architecture is known before
+    pruning (uniform head counts of a per_layer prune: Scratch-E, Scratch-B, wide). Ordered so that dense runs
+    start first. Models carry the vocabulary actually trained (`vocab_size`, the tokenizer's), so Scratch-B's
+    compute matches the pruned arm's. `lrs` maps (scale, family, arch_key) to a searched rate."""
     dense, controls = [], []
-    for scale in sweep.scales or {}:
+    for scale, budget, family, seed in _cells(sweep):
         h = sweep.dense_heads(scale)
-        for family in sweep.families:
-            model = model_config_for(scale, family, n_heads=h, vocab_size=vocab_size)
-            lr, source = lr_for(sweep, scale, family, arch_key(model), lrs)
-            for seed in sweep.seeds:
-                train = _train_cfg(sweep, scale, seed, lr)
-                dense.append(_trained(sweep, "dense", scale, family, seed, model, train, corpus_hash,
-                                      lr_source=source))
-                if "per_layer" not in sweep.prune.scope:
-                    continue
-                for ratio in sweep.prune.ratios:
-                    k = heads_kept(h, ratio)
-                    small = model_config_for(scale, family, n_heads=k, vocab_size=vocab_size)
-                    for arm in sweep.controls:
-                        m = small
-                        if arm == "wide":
-                            m = _wide_model(scale, family, k, vocab_size, f"{scale}-{family}-wide-r{ratio:g}-s{seed}")
-                        lr_c, source_c = lr_for(sweep, scale, family, arch_key(m), lrs)
-                        t = _train_cfg(sweep, scale, seed, lr_c)
-                        if arm == "scratch_b":
-                            t = t.model_copy(update={"steps": scratch_b_steps(
-                                model, m, train.steps, sweep.prune.finetune_steps, train.seq_len)})
-                        controls.append(_trained(sweep, arm, scale, family, seed, m, t, corpus_hash, ratio,
-                                                 scope="per_layer", lr_source=source_c))
+        model = model_config_for(scale, family, n_heads=h, vocab_size=vocab_size)
+        lr, source = lr_for(sweep, scale, family, arch_key(model), lrs)
+        train = _train_cfg(sweep, scale, seed, lr, budget)
+        tag = budget if len(sweep.scales[scale].budgets(scale)) > 1 else None
+        dense.append(_trained(sweep, "dense", scale, family, seed, model, train, corpus_hash, lr_source=source,
+                              budget=tag))
+        if "per_layer" not in sweep.prune.scope:
+            continue
+        for ratio in sweep.prune.ratios:
+            k = heads_kept(h, ratio)
+            small = model_config_for(scale, family, n_heads=k, vocab_size=vocab_size)
+            for arm in sweep.controls:
+                m = small
+                if arm == "wide":
+                    m = _wide_model(scale, family, k, vocab_size, f"{scale}-{family}-wide-r{ratio:g}-s{seed}")
+                lr_c, source_c = lr_for(sweep, scale, family, arch_key(m), lrs)
+                t = _train_cfg(sweep, scale, seed, lr_c, budget)
+                if arm == "scratch_b":
+                    t = t.model_copy(update={"steps": scratch_b_steps(
+                        model, m, train.steps, sweep.prune.finetune_steps, train.seq_len)})
+                controls.append(_trained(sweep, arm, scale, family, seed, m, t, corpus_hash, ratio,
+                                         scope="per_layer", lr_source=source_c, budget=tag))
     return dense + controls
 
 
-def _plans(sweep: Sweep, seed: int, dense_lr: float | None):
+def _prune_run(sweep: Sweep, dense_lr: float | None) -> PruneRun:
     p = sweep.prune
     grid = () if p.finetune_lr is not None or dense_lr is None else tuple(m * dense_lr for m in p.finetune_lr_grid)
-    for method in p.methods:
-        for ratio in p.ratios:
-            for scope in p.scope:
-                for schedule in p.schedule:
-                    yield PrunePlan(method=method, ratio=ratio, scope=scope, schedule=schedule, step=p.step,
-                                    finetune_steps=p.finetune_steps, finetune_lr=p.finetune_lr,
-                                    finetune_lr_grid=grid if p.finetune_steps else (), seed=seed)
+    return PruneRun(step=p.step, finetune_steps=p.finetune_steps, finetune_lr=p.finetune_lr,
+                    finetune_lr_grid=grid if p.finetune_steps else (), calibration_batches=p.calibration_batches,
+                    curve=p.curve, curve_batches=p.curve_batches)
 
 
 def prune_units(sweep: Sweep, dense: list[Unit]) -> list[Unit]:
@@ -288,28 +375,30 @@ def prune_units(sweep: Sweep, dense: list[Unit]) -> list[Unit]:
     model's own rate."""
     out = []
     for d in dense:
-        dense_lr = d.train["lr"] if d.model is not None else None  # None: a pretrained checkpoint's
-        for plan in _plans(sweep, d.seed, dense_lr):
+        run = _prune_run(sweep, d.train.lr if d.model is not None else None)  # None: a pretrained checkpoint's
+        p = sweep.prune
+        for at, method, ratio, scope, schedule in itertools.product(p.at, p.methods, p.ratios, p.scope, p.schedule):
             out.append(Unit("prune", "pruned", d.scale, d.family, d.seed, d.model, d.train, d.data, d.corpus_hash,
-                            d.heads, method=plan.method, ratio=plan.ratio, scope=plan.scope,
-                            schedule=plan.schedule, plan=plan.model_dump(mode="json"), dense_key=d.key,
-                            calibration_batches=sweep.prune.calibration_batches, curve=sweep.prune.curve,
-                            curve_batches=sweep.prune.curve_batches, lr_source=d.lr_source).with_key())
+                            d.heads, method=method, ratio=ratio, scope=scope, schedule=schedule, prune=run,
+                            dense_key=d.key, lr_source=d.lr_source, budget=d.budget, prune_at=at).with_key())
     return out
 
 
 def global_control_units(sweep: Sweep, pruned: Unit, dense: Unit, kept_per_layer: list[int],
                          lrs: dict | None = None) -> list[Unit]:
     """Controls of a `global` prune: the pruned model's exact per-layer head counts, trained from scratch, at the
-    rate of the uniform Scratch-E/B shape of the same ratio (`scratch_architectures`)."""
+    rate of the uniform Scratch-E/B shape of the same ratio (`scratch_architectures`). Only a prune of the trained
+    model (prune_at 1) gets them; pruning earlier is compared with the same controls."""
     out = []
-    d_model = dense.model_config()
+    if pruned.prune_at != 1.0:
+        return out
+    d_model = dense.model
     small = d_model.with_heads(kept_per_layer)
     uniform = d_model.with_heads(heads_kept(d_model.n_heads, pruned.ratio))
     lr, source = lr_for(sweep, pruned.scale, pruned.family, arch_key(uniform), lrs)
     if source == "searched":
         source = f"searched:{arch_key(uniform)}"
-    train = dense.train_config().model_copy(update={"lr": lr})
+    train = dense.train.model_copy(update={"lr": lr})
     for arm in sweep.controls:
         if arm == "wide":
             continue  # wide is the uniform "fewer heads" config; it is planned with the per_layer controls
@@ -319,17 +408,16 @@ def global_control_units(sweep: Sweep, pruned: Unit, dense: Unit, kept_per_layer
                                                                   sweep.prune.finetune_steps, train.seq_len)})
         out.append(_trained(sweep, arm, pruned.scale, pruned.family, pruned.seed, small, t, pruned.corpus_hash,
                             pruned.ratio, method=pruned.method, scope="global", schedule=pruned.schedule,
-                            dense_key=dense.key, lr_source=source))
+                            dense_key=dense.key, lr_source=source, budget=dense.budget))
     return out
-
 
 def pretrained_units(sweep: Sweep, family: str, checkpoint_id: str, heads: list[int], corpus_hash: str) -> list[Unit]:
     """A pretrained sweep: the prune stage only, on one checkpoint (its `checkpoint_id` stands in as dense key)."""
     pt = sweep.pretrained
     train = TrainConfig(steps=1, batch_size=pt.batch_size, seq_len=pt.seq_len, eval_batches=pt.eval_batches,
                         val_batches=pt.eval_batches)
-    dense = Unit("train", "dense", "pretrained", family, 0, None, train.model_dump(mode="json"),
-                 sweep.data.model_dump(mode="json"), corpus_hash, _heads(heads), key=checkpoint_id)
+    dense = Unit("train", "dense", "pretrained", family, 0, None, train, sweep.data, corpus_hash, _heads(heads),
+                 key=checkpoint_id)
     seeds = sorted(set(sweep.seeds))
     units = []
     for seed in seeds:
@@ -352,5 +440,5 @@ def expected_names(sweep: Sweep) -> list[str]:
         for p in pruned:
             if p.scope == "global":
                 dense = by_key[p.dense_key]
-                controls += global_control_units(sweep, p, dense, list(dense.model_config().layer_heads))
+                controls += global_control_units(sweep, p, dense, list(dense.model.layer_heads))
     return [u.name for u in trained + pruned + controls]

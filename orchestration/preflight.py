@@ -26,7 +26,7 @@ from lightning_modules.config import (
     heads_removed,
 )
 
-from .plan import Unit, global_control_units, lr_search_bases, prune_units, train_units
+from .plan import Unit, global_control_units, lr_search_bases, prune_units, snapshot_step, train_units
 from .spec import Sweep
 
 # the JSON field names other tools rely on (a row has more)
@@ -64,6 +64,8 @@ class PlanRow:
     seed: int
     resources: dict = field(default_factory=dict)
     trials: int | None = None  # lr_search: the candidates of this architecture's search
+    budget: int | None = None  # the dense budget T this unit belongs to, when its scale lists several
+    prune_at: float | None = None  # prune units: the fraction of T at which the heads go (1: the trained model)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -138,9 +140,9 @@ def _train_cost(sweep: Sweep, t: TrainConfig, fwd: int, final_eval: bool = True)
 
 
 def _prune_cost(sweep: Sweep, u: Unit, plan: PrunePlan, fwd_dense: int, fwd_pruned: int, n_heads: int) -> int:
-    t = u.train_config()
+    t = u.train
     bt = t.batch_size * t.seq_len
-    calib = u.calibration_batches * bt
+    calib = u.prune.calibration_batches * bt
     passes = SCORING_PASSES[plan.method]
     if plan.method == "ablation":
         passes = n_heads + 1
@@ -151,9 +153,9 @@ def _prune_cost(sweep: Sweep, u: Unit, plan: PrunePlan, fwd_dense: int, fwd_prun
     sets = _eval_sets(sweep)
     ev = _eval_tokens(t, t.eval_batches)
     curve = 0
-    if u.curve:
+    if u.prune.curve and u.prune_at == 1:
         points = 10  # at most: the achievable fractions of the nominal 0.0 .. 0.9
-        curve = points * sets * _eval_tokens(t, sweep.prune.curve_batches or t.eval_batches) * fwd_dense
+        curve = points * sets * _eval_tokens(t, u.prune.curve_batches or t.eval_batches) * fwd_dense
     evals = sets * ev * (fwd_dense + fwd_pruned)  # before and after fine-tune (dense: its train trial measured)
     ft = len(plan.finetune_lrs) * (3 * plan.finetune_steps * bt + _eval_tokens(t, t.eval_batches)) * fwd_pruned
     return int(scoring + curve + evals + ft)
@@ -164,7 +166,7 @@ def _prune_cost(sweep: Sweep, u: Unit, plan: PrunePlan, fwd_dense: int, fwd_prun
 
 def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: int, est: int, sweep: Sweep,
          heads: list[int] | None, lr, trials=None) -> PlanRow:
-    t = u.train_config()
+    t = u.train
     tokens = steps * t.batch_size * t.seq_len
     source = "searched" if lr == "searched" else u.lr_source
     return PlanRow(
@@ -174,7 +176,8 @@ def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: 
         lr_source=source, steps=steps, tokens=tokens, params=params, flops_per_token=fwd,
         train_flops=3 * fwd * tokens, est_flops=int(est), ratio=u.ratio, method=None if u.method == "none" else
         u.method, scope=None if u.scope == "none" else u.scope, seed=u.seed,
-        resources={"cpu": sweep.resources.cpu, "gpu": sweep.resources.gpu}, trials=trials)
+        resources={"cpu": sweep.resources.cpu, "gpu": sweep.resources.gpu}, trials=trials, budget=u.budget,
+        prune_at=u.prune_at if u.stage == "prune" else None)
 
 
 def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
@@ -187,28 +190,33 @@ def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
     if searched:
         s = sweep.lr.search
         for base in lr_search_bases(sweep, corpus_hash, vocab_size):
-            model, t = base.model_config(), base.train_config()
+            model, t = base.model, base.train
             params, fwd = _build(base.name, model, t)
             est = s.trials * _train_cost(sweep, t, fwd, final_eval=False)
             rows.append(_row(base, "lr_search", model, params, fwd, t.steps, est, sweep, list(model.layer_heads),
                              "searched", trials=s.trials))
     units = train_units(sweep, corpus_hash, None, vocab_size)
     for u in units:
-        model, t = u.model_config(), u.train_config()
+        model, t = u.model, u.train
         params, fwd = _build(u.name, model, t)
         rows.append(_row(u, "train", model, params, fwd, t.steps, _train_cost(sweep, t, fwd), sweep,
                          list(model.layer_heads), "searched" if searched else t.lr))
     dense = {u.key: u for u in units if u.arm == "dense"}
     for u in prune_units(sweep, list(dense.values())):
-        d_model, t = u.model_config(), u.train_config()
+        d_model, t = u.model, u.train
         _, fwd_dense = _build(u.name, d_model, t)
-        plan = PrunePlan(**u.plan)
+        plan = u.plan
         heads, total = _kept(d_model, plan)
         pruned = d_model.with_heads(heads if heads is not None else
                                     spread_heads(total, d_model.n_layers, d_model.n_heads))
         params, fwd = _build(u.name, pruned, t)
         est = _prune_cost(sweep, u, plan, fwd_dense, fwd, sum(d_model.layer_heads))
-        row = _row(u, "prune", pruned, params, fwd, plan.finetune_steps, est, sweep, heads,
+        steps = plan.finetune_steps
+        if u.prune_at < 1:  # trained on from p·T to T before the recovery fine-tune
+            cont = t.steps - snapshot_step(u.prune_at, t.steps)
+            est += _train_cost(sweep, t.model_copy(update={"steps": cont}), fwd, final_eval=False)
+            steps += cont
+        row = _row(u, "prune", pruned, params, fwd, steps, est, sweep, heads,
                    plan.finetune_lr if plan.finetune_lr is not None else "val-grid")
         # the fine-tune's rate: fixed by the sweep, or chosen on val from a grid of multiples of the dense rate
         row.lr_source = "sweep" if plan.finetune_lr is not None else (
@@ -230,11 +238,11 @@ def _kept(model: ModelConfig, plan: PrunePlan) -> tuple[list[int] | None, int]:
 
 
 def _global_controls(sweep: Sweep, pruned: Unit, dense: Unit, total: int, searched: bool) -> list[PlanRow]:
-    d_model = dense.model_config()
+    d_model = dense.model
     shape = spread_heads(total, d_model.n_layers, d_model.n_heads)
     out = []
     for u in global_control_units(sweep, pruned, dense, shape):
-        model, t = u.model_config(), u.train_config()
+        model, t = u.model, u.train
         params, fwd = _build(u.name, model, t)
         out.append(_row(u, "controls", model, params, fwd, t.steps, _train_cost(sweep, t, fwd), sweep, None,
                         "searched" if searched else t.lr))
@@ -252,16 +260,17 @@ def _si(x: float) -> str:
 
 
 def format_table(rows: list[PlanRow], vocab_note: str) -> str:
-    head = ["stage", "scale", "family", "arm", "method", "ratio", "seed", "heads", "head_dim", "width", "lr", "steps",
-            "tokens", "params", "FLOPs/tok", "train FLOPs", "est. FLOPs"]
+    head = ["stage", "scale", "T", "family", "arm", "method", "ratio", "at", "seed", "heads", "head_dim", "width",
+            "lr", "steps", "tokens", "params", "FLOPs/tok", "train FLOPs", "est. FLOPs"]
     table = [head]
     for r in rows:
         heads = (",".join(map(str, r.heads)) if r.heads and len(set(r.heads)) > 1 else
                  str(r.heads[0]) if r.heads else f"{r.heads_total} (global)")
         lr = r.lr if isinstance(r.lr, str) else f"{r.lr:.3g} ({r.lr_source})"
         seed = f"×{r.trials} trials" if r.trials else str(r.seed)
-        table.append([r.stage, r.scale, r.family, r.arm, r.method or "—", "—" if r.ratio is None else f"{r.ratio:g}",
-                      seed, heads, str(r.head_dim), str(r.attention_width), lr, str(r.steps), _si(r.tokens),
+        table.append([r.stage, r.scale, "—" if r.budget is None else str(r.budget), r.family, r.arm,
+                      r.method or "—", "—" if r.ratio is None else f"{r.ratio:g}",
+                      "—" if r.prune_at is None else f"{r.prune_at:g}", seed, heads, str(r.head_dim), str(r.attention_width), lr, str(r.steps), _si(r.tokens),
                       _si(r.params), _si(r.flops_per_token), _si(r.train_flops), _si(r.est_flops)])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]

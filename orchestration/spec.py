@@ -14,6 +14,8 @@ A sweep file, with the defaults of the fields it may leave out:
       xs: {steps: 300, heads: 8, overrides: {batch_size: 16, seq_len: 128, val_every: 50}}
                                     # overrides.eval_batches absent: every clean window of each eval set, up to
                                     # 2^20 tokens (lightning_modules.config.EVAL_CAP_TOKENS)
+                                    # steps: [100, 300, 900]: several budgets, each its own dense run, controls
+                                    # and prunes (the report's trend against tokens per parameter)
     seeds: [0, 1, 2]
     prune:
       ratios: [0.5]
@@ -25,6 +27,8 @@ A sweep file, with the defaults of the fields it may leave out:
       finetune_lr_grid: [0.03, 0.1, 0.3]    # multiples of the dense model's learning rate
       # curve_batches: 4            # batches per point of the mask-only curve (absent: the eval budget)
       tolerance: 0.05               # "prunable": pruned loss before fine-tune <= dense loss x (1 + tolerance)
+      at: [1.0]                     # prune timing: fractions of T at which heads go (0: at init; p < 1: the
+                                    # dense run keeps a checkpoint at p·T, the pruned model trains on to T)
     controls: [scratch_e, scratch_b, wide]
     lr: 3.0e-3                      # or {search: {trials: 4, low: 1.0e-3, high: 1.0e-2, steps: 40}}: one search
                                     # per architecture trained from scratch; absent: the scale preset's
@@ -112,9 +116,27 @@ class TrainOverrides(Strict):
 
 
 class ScaleSpec(Strict):
-    steps: int | None = Field(default=None, gt=0)  # dense budget T (default: the preset's)
+    # dense budget T (default: the preset's); a list trains each budget as its own dense run with its own
+    # controls and prunes (the training-budget axis of the report's trend)
+    steps: int | list[int] | None = None
     heads: int | None = Field(default=None, gt=0)  # dense head count H (default: the preset's)
     overrides: TrainOverrides = TrainOverrides()
+
+    @field_validator("steps", mode="before")
+    @classmethod
+    def _steps(cls, v):
+        ok = lambda x: isinstance(x, int) and not isinstance(x, bool) and x > 0  # noqa: E731
+        if v is None or ok(v):
+            return v
+        if isinstance(v, list) and v and all(ok(x) for x in v):
+            return _unique(v)
+        raise ValueError("must be a positive integer or a non-empty list of them")
+
+    def budgets(self, scale: str) -> list[int]:
+        """The dense budgets T of this scale, smallest first."""
+        if self.steps is None:
+            return [SCALES[scale].steps]
+        return sorted(self.steps) if isinstance(self.steps, list) else [self.steps]
 
 
 class PruneSpec(Strict):
@@ -133,8 +155,11 @@ class PruneSpec(Strict):
     tolerance: float = Field(default=DEFAULT_TOLERANCE, gt=0)  # relative: pruned loss <= dense loss * (1 + tolerance)
     curve: bool = True  # the mask-only prune curve (the achievable fractions of heads removed up to 0.9)
     curve_batches: int | None = Field(default=None, gt=0)  # batches per point of the curve (default: eval's)
+    # prune timing: fractions p of the dense run's steps T at which its heads are removed (the dense run keeps a
+    # checkpoint at each p·T < T; the pruned model trains on to T, then the recovery fine-tune). 0: at init.
+    at: Annotated[list[Annotated[float, Field(ge=0, le=1)]], NonEmpty, AfterValidator(_unique)] = [1.0]
 
-    _lists = field_validator("scope", "schedule", mode="before")(classmethod(lambda cls, v: _as_list(v)))
+    _lists = field_validator("scope", "schedule", "at", mode="before")(classmethod(lambda cls, v: _as_list(v)))
 
 
 class LrSearch(Strict):
@@ -236,6 +261,8 @@ class Sweep(Strict):
     def spec_hash(self) -> str:
         """Hash of the resolved spec, without where it runs (storage, tracking, resources, retries)."""
         science = self.model_dump(mode="json", exclude={"storage", "tracking_uri", "resources", "retries"})
+        if science["prune"]["at"] == [1.0]:  # the default (pruning the trained model): sweeps from before keep
+            del science["prune"]["at"]  # their hash, so --resume finds their runs
         return hashlib.sha256(json.dumps(science, sort_keys=True).encode()).hexdigest()[:12]
 
     @property
@@ -365,6 +392,9 @@ def check_sweep(s: Sweep) -> None:
         except HeadroomInputError as e:
             raise HeadroomInputError(f"pretrained.checkpoint: {e}") from None
         _check_ratios(s, info.layer_heads, "the checkpoint")
+        if s.prune.at != [1.0]:
+            raise HeadroomInputError("prune.at: a pretrained checkpoint has no training history to prune early in; "
+                                     "remove prune.at")
         if s.prune.finetune_steps and s.prune.finetune_lr is None:
             raise HeadroomInputError("prune.finetune_lr: required to fine-tune a pretrained checkpoint (the grid is "
                                      "relative to a learning rate this sweep did not train with)")
@@ -377,14 +407,15 @@ def check_sweep(s: Sweep) -> None:
         h = s.dense_heads(name)
         try:
             model = model_config_for(name, s.families[0], n_heads=h)
-            train = train_config_for(name, steps=sc.steps, **sc.overrides.model_dump(exclude_none=True))
-            check_compatible(model, train)
+            for steps in sc.budgets(name):
+                train = train_config_for(name, steps=steps, **sc.overrides.model_dump(exclude_none=True))
+                check_compatible(model, train)
         except HeadroomInputError as e:
             raise HeadroomInputError(f"scales.{name}: {e}") from None
         _check_ratios(s, model.layer_heads, f"scale {name}")
     if s.lr is not None and s.lr.search is not None:
         for name in s.scales or {}:
-            if s.lr.search.steps > (s.scales[name].steps or SCALES[name].steps):
+            if s.lr.search.steps > min(s.scales[name].budgets(name)):
                 raise HeadroomInputError(f"lr.search.steps: {s.lr.search.steps} exceeds scale {name}'s budget")
     try:
         check_source(s.data)

@@ -193,14 +193,14 @@ class Sweeper:
         storage = optuna.storages.RDBStorage(f"sqlite:///{db}")
         best = {}
         for base in lr_search_bases(self.sweep, corpus_hash, self.vocab_size):
-            scale, family, arch = base.scale, base.family, arch_key(base.model_config())
+            scale, family, arch = base.scale, base.family, arch_key(base.model)
             study_name = f"{self.base}-{scale}-{family}-{arch}"
             study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
                                         load_if_exists=True)
             complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
             remaining = s.trials - len(complete)
             if remaining > 0:
-                t = base.train_config()
+                t = base.train
                 reports = math.ceil(t.steps / t.val_every) + 1
                 searcher = OptunaSearch(metric="val/loss", mode="min", study_name=study_name, storage=storage,
                                         sampler=optuna.samplers.TPESampler(seed=s.seed + len(complete)))

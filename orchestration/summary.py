@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from .plan import compute_share
+from .plan import cell_label, compute_share
 
 
 def loss_table(sweep_name: str, runs: list) -> str:
@@ -24,10 +24,14 @@ def loss_table(sweep_name: str, runs: list) -> str:
         arm = t["headroom.arm"]
         if arm == "pruned":
             arm = f"pruned:{t['headroom.method']}" + ("" if t["headroom.scope"] == "per_layer" else "/global")
+            if t.get("headroom.prune_at", "none") not in ("none", "1"):
+                arm += f"@{t['headroom.prune_at']}"  # pruned at that fraction of training
         elif t["headroom.scope"] == "global":
             arm = f"{arm}:{t['headroom.method']}/global"
         for r in [t["headroom.ratio"]] if arm != "dense" else pruned_ratios:  # dense: a column of every ratio
-            rows.setdefault((t["headroom.scale"], t["headroom.family"], r, split), {}).setdefault(arm, []).append(loss)
+            steps = t.get("headroom.steps", "none")
+            cell = cell_label(t["headroom.scale"], None if steps == "none" else int(steps))
+            rows.setdefault((cell, t["headroom.family"], r, split), {}).setdefault(arm, []).append(loss)
     if not rows:
         return ""
     arms = sorted({a for v in rows.values() for a in v}, key=lambda a: (a != "dense", not a.startswith("pruned"), a))

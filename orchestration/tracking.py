@@ -252,7 +252,8 @@ class TrackingCallback(Callback):
         if result.get(DONE):
             values = {k: v for k, v in result.items() if "/" in k and k not in STEPPED and isinstance(v, (int, float))}
             values.update({k: result[k] for k in ("params", "flops_per_token", "params_dense",
-                                                  "flops_per_token_dense", "tokens_per_s", RESUMED) if k in result})
+                                                  "flops_per_token_dense", "tokens_per_s", "prune_step", RESUMED)
+                           if k in result})
             seconds = float(result.get("time_total_s", 0.0))
             values["cost/cpu_s"] = seconds * self.resources.get("cpu", 1)
             values["cost/gpu_s"] = seconds * self.resources.get("gpu", 0)

@@ -15,16 +15,29 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
 
 from ray import tune
 
-from lightning_modules.config import HeadroomInputError, PrunePlan, jsonable
+from lightning_modules.config import HeadroomInputError, jsonable
 
 from .frameworks import quiet_frameworks
-from .plan import DONE, HISTORY, KEPT, LIGHTNING_FILE, RESUMED, WINDOWS_FILE, WORK, Unit, lr_candidate
+from .plan import (
+    DONE,
+    HISTORY,
+    KEPT,
+    LIGHTNING_FILE,
+    RESUMED,
+    SNAPSHOTS_DIR,
+    WINDOWS_FILE,
+    WORK,
+    Unit,
+    lr_candidate,
+    snapshot_step,
+)
 from .report.plots import heatmap, prune_curve_plot
 
 LATENCY_REPEATS = 5
@@ -64,7 +77,7 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
         return
     _setup()
     from lightning_modules.models import save_model
-    from lightning_modules.train import train_lm
+    from lightning_modules.train import Snapshots, train_lm
 
     from .callbacks import ReportAtValidation, StepHistory
 
@@ -86,16 +99,21 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
         ckpt_path = str(work / "resume" / LIGHTNING_FILE)
     is_search = unit.stage == "lr_search"
     history = StepHistory(fault if unit.stage == "train" and unit.arm == "dense" else None)
-    report = ReportAtValidation(history, save_checkpoints=not is_search)
+    snaps = work / SNAPSHOTS_DIR
+    if unit.snapshots and (work / "resume" / SNAPSHOTS_DIR).is_dir():  # the ones written before a restart
+        shutil.copytree(work / "resume" / SNAPSHOTS_DIR, snaps)
+    report = ReportAtValidation(history, save_checkpoints=not is_search, keep=snaps if unit.snapshots else None)
     callbacks = [history, report]
+    if unit.snapshots:
+        callbacks.append(Snapshots(unit.snapshots, snaps))
     if unit.probes:  # probe rows ride in the step history: logged once per step, like train/loss
         from lightning_modules.probes import ProbeCallback
 
         p = unit.probes
-        callbacks.insert(0, ProbeCallback(lambda rows: history.rows.extend(rows), every=p["every"], method=p["method"],
-                                          batches=p["batches"], tolerance=p["tolerance"],
-                                          redundancy=p["redundancy"], seed=unit.seed))
-    result = train_lm(unit.model_config(), unit.train_config(), unit.data_config(), ckpt_path=ckpt_path,
+        callbacks.insert(0, ProbeCallback(lambda rows: history.rows.extend(rows), every=p.every, method=p.method,
+                                          batches=p.batches, tolerance=p.tolerance, redundancy=p.redundancy,
+                                          seed=unit.seed))
+    result = train_lm(unit.model, unit.train, unit.data, ckpt_path=ckpt_path,
                       callbacks=callbacks, progress=False, final_eval=not is_search)
     m = result.metrics
     timing = {**m["timing"], "score_s": callbacks[0].seconds if unit.probes else 0.0}
@@ -105,7 +123,7 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
         if report.last_step != m["steps"]:
             from lightning_modules.lm import evaluate
 
-            t = unit.train_config()
+            t = unit.train
             v = evaluate(result.lm.model, result.data.loader("val", t.val_batches))
             report.last_val = (v["loss"], v["ppl"])
         final.update({"val/loss": report.last_val[0], "val/ppl": report.last_val[1]})
@@ -115,6 +133,11 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
     save_model(result.lm.model, out / "model", result.data.tokenizer)
     (out / "metrics.json").write_text(json.dumps(jsonable(m), indent=2) + "\n")
     (out / WINDOWS_FILE).write_text(json.dumps({"final": result.windows}) + "\n")
+    if unit.snapshots:
+        missing = [s for s in unit.snapshots if not Snapshots.path(snaps, s).is_file()]
+        if missing:
+            raise RuntimeError(f"{unit.name}: no checkpoint kept at step(s) {missing}")
+        shutil.copytree(snaps, out / SNAPSHOTS_DIR)
     final[WORK] = time.time() - t0
     tune.report(final, checkpoint=tune.Checkpoint.from_directory(str(out)))
 
@@ -128,8 +151,8 @@ def _load_dense(uri: str, work: Path):
     local = Path(uri) if os.path.isdir(uri) else Path(ckpt.to_directory(str(work / "dense")))
     if (local / "model" / "config.json").exists():
         metrics = json.loads((local / "metrics.json").read_text()) if (local / "metrics.json").exists() else {}
-        return load_model(local / "model"), metrics.get("final")
-    return load_model(local), None
+        return load_model(local / "model"), metrics.get("final"), local
+    return load_model(local), None, local
 
 
 def prune_trial(config: dict, skip: frozenset = frozenset()):
@@ -148,18 +171,27 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
 
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="headroom-prune-"))
-    model, dense_eval = _load_dense(cfg["dense"], work)
+    model, dense_eval, local = _load_dense(cfg["dense"], work)
     if torch.cuda.is_available():
         model = model.cuda()
-    data = HeadroomData(unit.data_config(), unit.train_config(), unit.family).prepare()
+    data = HeadroomData(unit.data, unit.train, unit.family).prepare()
     if data.vocab_size > model.config.vocab_size:
         raise HeadroomInputError(f"tokenizer has {data.vocab_size} tokens, the model {model.config.vocab_size}")
-    plan = PrunePlan(**unit.plan)
+    plan, run = unit.plan, unit.prune
     # latency is a side measurement here (benchmarks/prune_speed.py measures it properly): a few passes suffice
     # the dense model's losses on these very windows were measured by its train trial: not measured again
-    pruned, _, m = run_prune(model, data, plan, eval_batches=unit.train_config().eval_batches,
-                             calibration_batches=unit.calibration_batches, curve=unit.curve,
-                             curve_batches=unit.curve_batches, latency_repeats=LATENCY_REPEATS, dense_eval=dense_eval)
+    if unit.prune_at < 1:  # prune the dense run's checkpoint at p·T, train on to T, then recover
+        from lightning_modules.early import prune_and_continue
+
+        step = snapshot_step(unit.prune_at, unit.train.steps)
+        pruned, _, m = prune_and_continue(local / SNAPSHOTS_DIR / f"step{step}.ckpt", data, plan,
+                                          eval_batches=unit.train.eval_batches,
+                                          calibration_batches=run.calibration_batches, dense_eval=dense_eval)
+    else:
+        pruned, _, m = run_prune(model, data, plan, eval_batches=unit.train.eval_batches,
+                                 calibration_batches=run.calibration_batches, curve=run.curve,
+                                 curve_batches=run.curve_batches, latency_repeats=LATENCY_REPEATS,
+                                 dense_eval=dense_eval)
     m.update(unit=unit.to_dict(), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets, seconds=time.time() - t0)
     windows = m.pop("windows")
     out = work / "final"
@@ -185,6 +217,8 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
             if stage == "final":
                 flat[f"final/{split}/ppl"] = v["ppl"]
     flat.update(_timing(m["timing"]))
+    if "prune_step" in m:  # pruned during training: the dense step it started from
+        flat["prune_step"] = m["prune_step"]
     for split, v in m["random_baseline"].items():  # the random method as a distribution: several draws
         flat[f"pre_ft_random/{split}/loss"] = v["loss"]
         for k, loss in enumerate(v["draws"]):

@@ -13,12 +13,11 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT
 
 K8S = ROOT / "k8s"
@@ -30,7 +29,7 @@ RAY_KINDS = {"RayCluster": "ray.io_rayclusters.yaml", "RayJob": "ray.io_rayjobs.
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) is not installed")
 
 
-@lru_cache(maxsize=None)
+@cache
 def render(target: str) -> tuple:
     r = subprocess.run(["kubectl", "kustomize", str(K8S / target)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"{target}: {r.stderr}"
@@ -104,7 +103,7 @@ def _closed(schema):
     return schema
 
 
-@lru_cache(maxsize=None)
+@cache
 def crd_validator(kind: str):
     import jsonschema
 
@@ -152,7 +151,7 @@ def test_a_misspelled_field_fails_the_crd_check():
 
 # ------------------------------------------------------------------------------------------------ invariants
 
-CREDENTIAL = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY|_USER$|USERNAME", re.I)
+CREDENTIAL = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY|_USER$|USERNAME", re.IGNORECASE)
 
 
 def test_no_literal_credentials_anywhere():
@@ -167,7 +166,7 @@ def test_no_literal_credentials_anywhere():
                     assert not re.search(r"://[^/@\s]+:[^/@\s]+@", arg), f"{target} {where}: credential in {arg!r}"
         if obj["kind"] == "ConfigMap":
             for text in obj["data"].values():
-                assert not re.search(r"://[^/@\s]+:[^/@\s]+@|password\s*=", text, re.I), target
+                assert not re.search(r"://[^/@\s]+:[^/@\s]+@|password\s*=", text, re.IGNORECASE), target
 
 
 def test_services_are_cluster_internal():
@@ -203,7 +202,7 @@ def test_every_container_is_pinned_non_root_and_limited():
 
 def _lock_ray() -> str:
     text = (K8S / "images" / "requirements.lock").read_text()
-    return re.search(r"^ray(?:\[[^\]]*\])?==([\w.]+)", text, re.M).group(1)
+    return re.search(r"^ray(?:\[[^\]]*\])?==([\w.]+)", text, re.MULTILINE).group(1)
 
 
 def test_ray_version_matches_the_lock_and_the_image_base():
@@ -212,14 +211,14 @@ def test_ray_version_matches_the_lock_and_the_image_base():
         if obj["kind"] in RAY_KINDS:
             cluster = obj["spec"] if obj["kind"] == "RayCluster" else obj["spec"]["rayClusterSpec"]
             assert cluster["rayVersion"] == ray, target
-    base = re.search(r"^ARG BASE=rayproject/ray:([\w.]+)-", (K8S / "images" / "headroom.Dockerfile").read_text(), re.M)
+    base = re.search(r"^ARG BASE=rayproject/ray:([\w.]+)-", (K8S / "images" / "headroom.Dockerfile").read_text(), re.MULTILINE)
     assert base.group(1) == ray
 
 
 def test_images_run_the_install_script_as_a_numeric_non_root_user():
     for name in ("headroom.Dockerfile", "mlflow.Dockerfile"):
         text = (K8S / "images" / name).read_text()
-        users = re.findall(r"^USER (\S+)", text, re.M)
+        users = re.findall(r"^USER (\S+)", text, re.MULTILINE)
         assert users and re.fullmatch(r"[1-9]\d*(:\d+)?", users[-1]), (name, users)
     text = (K8S / "images" / "headroom.Dockerfile").read_text()
     assert "k8s/images/install.sh" in text and "requirements.lock" in text

@@ -144,7 +144,8 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     out, rep = write_report(uri, "planted", d / "report")
     v = json.loads((out / "verdict.json").read_text())
     assert set(v) == {"sweep", "spec_hash", "comparisons", "prunable", "prune_curves", "diagnostics", "headline",
-                      "learning_rates", "evaluation"}
+                      "learning_rates", "evaluation", "timing", "trend"}
+    assert v["timing"] == []  # every prune here is of the trained model
     assert v["sweep"] == "planted" and v["spec_hash"] == "aaaa"
     keys = {"scale", "family", "ratio", "heads_dense", "heads_kept", "method", "scope", "schedule", "finetune_steps",
             "control", "eval_set", "primary", "n_seeds", "dense_loss", "pruned_loss", "control_loss", "diff_mean",

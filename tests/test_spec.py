@@ -208,7 +208,7 @@ def test_spec_hash_ignores_where_it_runs():
 def test_plan_keys_tags_and_budgets():
     from lightning_modules.config import model_config_for
     from lightning_modules.costs import scratch_b_steps
-    from orchestration.plan import TAG_FIELDS, prune_units, train_units
+    from orchestration.plan import TAG_FIELDS, Unit, prune_units, train_units
     from orchestration.spec import parse_sweep
 
     sweep = parse_sweep(GOOD.replace("[scratch_e]", "[scratch_e, scratch_b, wide]") +
@@ -222,18 +222,28 @@ def test_plan_keys_tags_and_budgets():
     for u in units:
         tags = u.tags()
         assert set(tags) == {f"headroom.{f}" for f in TAG_FIELDS} and all(tags.values())
-        assert u.train["lr"] == 0.004
+        assert u.train.lr == 0.004
     dense, se, sb, wide = units[0], units[2], units[3], units[4]
     assert dense.tags()["headroom.method"] == "none" and dense.tags()["headroom.ratio"] == "none"
-    assert (se.heads, se.model["head_dim"], se.train["steps"]) == ("4", 8, 20)  # xs: 8 heads of 8 → 4 heads
-    assert (wide.heads, wide.model["head_dim"]) == ("4", 16)  # d_model 64 // 4
-    assert sb.train["steps"] == scratch_b_steps(model_config_for("xs", n_heads=8), model_config_for("xs", n_heads=4),
+    assert (se.heads, se.model.head_dim, se.train.steps) == ("4", 8, 20)  # xs: 8 heads of 8 → 4 heads
+    assert (wide.heads, wide.model.head_dim) == ("4", 16)  # d_model 64 // 4
+    assert sb.train.steps == scratch_b_steps(model_config_for("xs", n_heads=8), model_config_for("xs", n_heads=4),
                                                 20, 0, 32) > 20
     pruned = prune_units(sweep, [u for u in units if u.arm == "dense"])
     assert len(pruned) == 2 * 2  # seeds × methods
     assert {p.dense_key for p in pruned} == {units[0].key, units[1].key}
     assert {(p.method, p.ratio, p.scope, p.schedule) for p in pruned} == {
         ("gradient", 0.5, "per_layer", "one_shot"), ("random", 0.5, "per_layer", "one_shot")}
+    # a unit crosses the Ray boundary as JSON and comes back equal, with the same key; a prune unit's plan says
+    # what the unit says (one copy of method, ratio, scope, schedule)
+    for u in units + pruned:
+        back = Unit.from_dict(json.loads(json.dumps(u.to_dict())))
+        assert back == u and back.with_key().key == u.key
+    for p in pruned:
+        assert (p.plan.method, p.plan.ratio, p.plan.scope, p.plan.schedule, p.plan.seed) == (
+            p.method, p.ratio, p.scope, p.schedule, p.seed)
+        assert p.to_dict()["plan"] == p.plan.model_dump(mode="json")
+    assert all(u.plan is None and u.prune is None for u in units)
 
 
 # -------------------------------------------------------------------------------- planning before compute
@@ -287,7 +297,7 @@ def test_scratch_b_compute_equals_the_pruned_arm_with_the_trained_vocabulary(tmp
         # the model as training builds it: the tokenizer's vocabulary, whatever the plan says
         return build_on_meta(model_cfg.model_copy(update={"vocab_size": ident.vocab_size}), seq)[1]
 
-    c_dense = flops(dense.model_config())
+    c_dense = flops(dense.model)
     checked = 0
     for ratio in (0.25, 0.75):
         if scope == "per_layer":
@@ -298,11 +308,11 @@ def test_scratch_b_compute_equals_the_pruned_arm_with_the_trained_vocabulary(tmp
             kept = spread_heads(n, 4, 8)
             kept[0], kept[1] = kept[0] + 1, kept[1] - 1  # any split of the same total: the scores choose it
             b = next(u for u in global_control_units(sweep, p, dense, kept) if u.arm == "scratch_b")
-            assert list(b.model_config().layer_heads) == kept
-        c_small = flops(b.model_config())
+            assert list(b.model.layer_heads) == kept
+        c_small = flops(b.model)
         assert c_small < c_dense
         budget = T * c_dense + F * c_small
-        assert abs(b.train["steps"] * c_small - budget) <= c_small, (ratio, b.train["steps"], budget / c_small)
+        assert abs(b.train.steps * c_small - budget) <= c_small, (ratio, b.train.steps, budget / c_small)
         checked += 1
     assert checked == 2
 
@@ -325,28 +335,28 @@ def test_lr_search_covers_every_architecture_trained_from_scratch():
                         .replace("ratios: [0.5]", "ratios: [0.25, 0.5], scope: [per_layer, global]")
                         + "lr: {search: {trials: 3, low: 1.0e-4, high: 1.0e-2, steps: 10}}\n")
     bases = lr_search_bases(sweep, "c")
-    archs = [arch_key(b.model_config()) for b in bases]
+    archs = [arch_key(b.model) for b in bases]
     assert archs == ["8x8", "6x8", "6x10", "4x8", "4x16"]  # dense; 0.25: Scratch-E/B, wide; 0.5: the same
-    assert len({(b.train["steps"], b.seed) for b in bases}) == 1 and all(b.train["steps"] == 10 for b in bases)
+    assert len({(b.train.steps, b.seed) for b in bases}) == 1 and all(b.train.steps == 10 for b in bases)
     assert set(scratch_architectures(sweep, "xs", "decoder")) == set(archs)
     lrs = {("xs", "decoder", a): 1e-3 * (i + 1) for i, a in enumerate(archs)}
     units = train_units(sweep, "c", lrs)
     for u in units:
-        assert u.train["lr"] == lrs[("xs", "decoder", arch_key(u.model_config()))] and u.lr_source == "searched"
-    assert {u.arm: u.train["lr"] for u in units if u.ratio == 0.25 or u.arm == "dense"} == {
+        assert u.train.lr == lrs[("xs", "decoder", arch_key(u.model))] and u.lr_source == "searched"
+    assert {u.arm: u.train.lr for u in units if u.ratio == 0.25 or u.arm == "dense"} == {
         "dense": 1e-3, "scratch_e": 2e-3, "scratch_b": 2e-3, "wide": 3e-3}
     dense = next(u for u in units if u.arm == "dense")
     p = next(u for u in prune_units(sweep, [dense]) if u.scope == "global" and u.ratio == 0.5)
     glob = global_control_units(sweep, p, dense, [3, 5], lrs)
     assert {u.arm for u in glob} == {"scratch_e", "scratch_b"}
-    assert all(u.train["lr"] == lrs[("xs", "decoder", "4x8")] and u.lr_source == "searched:4x8" for u in glob)
+    assert all(u.train.lr == lrs[("xs", "decoder", "4x8")] and u.lr_source == "searched:4x8" for u in glob)
     # the recovery fine-tune's rate is chosen on val from multiples of the dense rate unless the sweep fixes it
-    assert p.plan["finetune_lr"] is None or p.plan["finetune_steps"] == 0
+    assert p.plan.finetune_lr is None or p.plan.finetune_steps == 0
     fixed = parse_sweep(GOOD.replace("methods: [gradient, random]}", "methods: [random], finetune_steps: 5}"))
     d = train_units(fixed, "c")[0]
     plan = prune_units(fixed, [d])[0].plan
-    assert plan["finetune_lr"] is None and plan["finetune_lr_grid"] == pytest.approx(
-        [m * d.train["lr"] for m in (0.03, 0.1, 0.3)])
+    assert plan.finetune_lr is None and list(plan.finetune_lr_grid) == pytest.approx(
+        [m * d.train.lr for m in (0.03, 0.1, 0.3)])
     # without a search every arm trains at the preset, and says so
     assert {u.lr_source for u in train_units(fixed, "c")} == {"preset"}
 

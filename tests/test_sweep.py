@@ -76,25 +76,26 @@ def test_smoke_sweep_one_parent_and_every_unit_a_child_with_the_contract(smoke):
     assert {"version/torch", "version/ray", "version/mlflow", "version/transformers"} <= set(parent.data.params)
     arts = {a.path for a in c.list_artifacts(parent.info.run_id, "sweep")}
     assert arts == {"sweep/smoke.yaml", "sweep/resolved.json"}
-    # 2 families × 2 architectures (8 and 4 heads) × 4 lr candidates; 2 families × 2 seeds × (dense, scratch_e,
-    # scratch_b); × 2 methods pruned
+    # 2 families × 2 architectures (8 and 4 heads) × 4 lr candidates; 2 budgets × 2 families × 2 seeds × (dense,
+    # scratch_e, scratch_b); × 2 methods × 2 prune timings pruned
     by_stage = {}
     for r in children:
         assert r.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert all(r.data.tags.get(f"headroom.{t}") for t in TAGS), r.data.tags
         by_stage.setdefault(r.data.tags["headroom.stage"], []).append(r)
-    assert {k: len(v) for k, v in by_stage.items()} == {"lr_search": 16, "train": 12, "prune": 8}
+    assert {k: len(v) for k, v in by_stage.items()} == {"lr_search": 16, "train": 24, "prune": 32}
     keys = [r.data.tags["headroom.key"] for r in children]
     assert len(set(keys)) == len(keys)
     arms = sorted((r.data.tags["headroom.arm"], r.data.tags["headroom.family"]) for r in by_stage["train"])
-    assert arms == sorted([(a, f) for a in ("dense", "scratch_e", "scratch_b") for f in ("decoder", "encoder")] * 2)
+    assert arms == sorted([(a, f) for a in ("dense", "scratch_e", "scratch_b") for f in ("decoder", "encoder")] * 4)
     for r in by_stage["train"] + by_stage["prune"]:
         m, t = r.data.metrics, r.data.tags
         assert r.info.status == "FINISHED"
         for s in ("val", "id", "shift"):
             assert 0 < m[f"final/{s}/loss"] < 6 and m[f"final/{s}/ppl"] > 1
         assert m["cost/cpu_s"] > 0 and m["cost/gpu_s"] == 0 and m["params"] > 0 and m["flops_per_token"] > 0
-        assert t["headroom.scale"] == "xs" and t["headroom.seed"] in ("0", "1")
+        assert t["headroom.scale"] == "xs" and t["headroom.seed"] in ("0", "1") and t["headroom.steps"] in ("20", "40")
+        assert t["headroom.prune_at"] == ("none" if t["headroom.stage"] == "train" else t["headroom.prune_at"])
         if t["headroom.arm"] == "dense":
             assert (t["headroom.heads"], t["headroom.method"], t["headroom.ratio"]) == ("8", "none", "none")
         else:
@@ -106,7 +107,12 @@ def test_smoke_sweep_one_parent_and_every_unit_a_child_with_the_contract(smoke):
         assert all(f"pre_ft/{s}/loss" in m for s in ("val", "id", "shift"))
         assert m["params"] < m["params_dense"]
         files = {a.path for a in c.list_artifacts(r.info.run_id)}
-        assert {"scores.json", "scores.png", "prune_curve.png", "metrics.json"} <= files
+        assert {"scores.json", "scores.png", "metrics.json"} <= files
+        if t["headroom.prune_at"] == "1":  # the mask-only curve is of the trained model
+            assert "prune_curve.png" in files
+        else:  # pruned halfway: from the dense run's own checkpoint at T/2, trained on to T
+            assert t["headroom.prune_at"] == "0.5" and m["prune_step"] == int(t["headroom.steps"]) // 2
+    assert sorted(r.data.tags["headroom.prune_at"] for r in by_stage["prune"]) == ["0.5"] * 16 + ["1"] * 16
     for r in by_stage["train"]:
         if r.data.tags["headroom.arm"] != "dense":
             assert r.data.tags["headroom.heads"] == "4" and r.data.tags["headroom.method"] == "none"
@@ -132,8 +138,9 @@ def test_smoke_scratch_b_gets_the_compute_of_the_pruned_arm(smoke):
     for r in children:
         if r.data.tags["headroom.arm"] == "scratch_b":
             fam = r.data.tags["headroom.family"]
-            want = scratch_b_steps(model_config_for("xs", fam, 8), model_config_for("xs", fam, 4), 40, 10, 64)
-            assert int(r.data.params["steps"]) == want > 40
+            T = int(r.data.tags["headroom.steps"])
+            want = scratch_b_steps(model_config_for("xs", fam, 8), model_config_for("xs", fam, 4), T, 10, 64)
+            assert int(r.data.params["steps"]) == want > T
 
 
 def test_smoke_lr_search_feeds_the_train_stage(smoke):
@@ -172,13 +179,13 @@ def test_smoke_lr_search_feeds_the_train_stage(smoke):
 
 def test_smoke_sweep_prints_progress_and_summary(smoke):
     out = smoke["stdout"]
-    assert "[headroom] train: 12 trial(s)" in out and "[headroom] prune: 8 trial(s)" in out
+    assert "[headroom] train: 24 trial(s)" in out and "[headroom] prune: 32 trial(s)" in out
     assert "mean final loss" in out and "pruned:gradient" in out and "scratch_b" in out
     assert "verdict of sweep smoke" in out
-    assert re.search(r"plan: 24 unit\(s\) checked on the meta device", out)  # 4 searches, 12 trained, 8 pruned
+    assert re.search(r"plan: 60 unit\(s\) checked on the meta device", out)  # 4 searches, 24 trained, 32 pruned
     # the compute share, from the runs' own timings (lr candidates ASHA stopped early report none)
     m = re.search(r"compute share: (\d+)% of (\d+) trial-seconds \((\d+) trials\)", out)
-    assert m and 20 <= int(m.group(3)) <= 36 and 0 < int(m.group(1)) <= 100
+    assert m and 56 <= int(m.group(3)) <= 72 and 0 < int(m.group(1)) <= 100
     assert re.search(r"wall time \d+ s: lr_search \d+ s, train \d+ s, prune \d+ s", out)
 
 
@@ -186,10 +193,11 @@ def test_smoke_dense_runs_log_their_probes_once_per_step(smoke):
     c = client(smoke["cwd"])
     _, children = split(runs_of(c, "smoke"))
     dense = [r for r in children if r.data.tags["headroom.stage"] == "train" and r.data.tags["headroom.arm"] == "dense"]
-    assert len(dense) == 4
+    assert len(dense) == 8
     for r in dense:
+        T = int(r.data.tags["headroom.steps"])
         for m in ("probe/prunable_fraction", "probe/importance_spread", "probe/redundancy", "probe/redundancy/layer0"):
-            assert steps_of(c, r, m) == [0, 20, 40], (r.info.run_name, m)
+            assert steps_of(c, r, m) == list(range(0, T + 1, 20)), (r.info.run_name, m)
     others = [r for r in children if r.data.tags["headroom.arm"] != "dense" and "probe/redundancy" in r.data.metrics]
     assert not others
 
@@ -206,15 +214,15 @@ def test_smoke_sweep_writes_the_verdict_report(smoke):
     final = {}
     for r in children:
         t = r.data.tags
-        if t["headroom.stage"] != "lr_search":
-            final[(t["headroom.arm"], t["headroom.family"], t["headroom.method"], int(t["headroom.seed"]))] = \
-                r.data.metrics["final/id/loss"]
+        if t["headroom.stage"] != "lr_search" and t["headroom.prune_at"] in ("none", "1"):
+            final[(f"xs-T{t['headroom.steps']}", t["headroom.arm"], t["headroom.family"], t["headroom.method"],
+                   int(t["headroom.seed"]))] = r.data.metrics["final/id/loss"]
     primary = [x for x in v["comparisons"] if x["primary"]]
-    assert sorted((x["family"], x["control"]) for x in primary) == sorted(
-        (f, a) for f in ("decoder", "encoder") for a in ("scratch_e", "scratch_b"))
+    assert sorted((x["scale"], x["family"], x["control"]) for x in primary) == sorted(
+        (c, f, a) for c in ("xs-T20", "xs-T40") for f in ("decoder", "encoder") for a in ("scratch_e", "scratch_b"))
     for x in primary:
-        diffs = [final[(x["control"], x["family"], "none", s)] - final[("pruned", x["family"], "gradient", s)]
-                 for s in (0, 1)]
+        diffs = [final[(x["scale"], x["control"], x["family"], "none", s)]
+                 - final[(x["scale"], "pruned", x["family"], "gradient", s)] for s in (0, 1)]
         assert x["n_seeds"] == 2 and x["diff_mean"] == pytest.approx(sum(diffs) / 2, abs=1e-9)
         assert x["verdict"] in VERDICTS and x["ci95"][0] <= x["diff_mean"] <= x["ci95"][1]
         # the interval includes the eval windows' variance: at least as wide as the seeds' alone
@@ -225,10 +233,20 @@ def test_smoke_sweep_writes_the_verdict_report(smoke):
         held = x["ci95_holm"]
         assert x["verdict"] == ("supported" if held[0] > 0 else "refuted" if held[1] < 0 else "inconclusive")
     # 40-step models: the report does not pretend they carry a verdict
-    diags = {(d["family"], d["check"]): d["passed"] for d in v["diagnostics"]}
-    assert len(diags) == 8 and diags[("decoder", "larger_scale_not_worse")] is None
+    diags = {(d["scale"], d["family"], d["check"]): d["passed"] for d in v["diagnostics"]}
+    assert len(diags) == 16 and diags[("xs-T40", "decoder", "larger_scale_not_worse")] is None
+    # both new axes: the pruned-halfway runs against pruning the trained model, the gap against the budget
+    timing = {(t["scale"], t["family"], t["method"], t["prune_at"]): t for t in v["timing"]}
+    assert len(timing) == 2 * 2 * 2 * 2 and {t["vs_late"] for t in v["timing"] if t["prune_at"] == 1} == {"reference"}
+    for (cell, fam, method, at), t in timing.items():
+        seeds = [final[(cell, "pruned", fam, method, s)] for s in (0, 1)]
+        if at == 1:
+            assert t["loss_mean"] == pytest.approx(sum(seeds) / 2, abs=1e-9)
+    trend = {(t["family"], t["control"], t["axis"]) for t in v["trend"]}
+    assert trend == {(f, a, "tokens_per_param") for f in ("decoder", "encoder") for a in ("scratch_e", "scratch_b")}
     for h in v["headline"]:
-        assert h["untrustworthy"] == any(d["passed"] is False for d in v["diagnostics"] if d["family"] == h["family"])
+        assert h["untrustworthy"] == any(d["passed"] is False for d in v["diagnostics"]
+                                         if (d["scale"], d["family"]) == (h["scale"], h["family"]))
     assert {(p["family"], p["method"]) for p in v["prunable"] if p["eval_set"] == "id"} == {
         (f, m) for f in ("decoder", "encoder") for m in ("gradient", "random")}
     md = (out / "report.md").read_text()
@@ -244,7 +262,7 @@ def test_smoke_rerun_creates_no_runs(smoke):
     before = {r.info.run_id: (r.info.status, r.info.end_time) for r in runs_of(c, "smoke")}
     r = run_sweep(smoke["cwd"], ROOT / "sweeps" / "smoke.yaml")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "all 12 unit(s) finished already" in r.stdout and "all 8 unit(s) finished already" in r.stdout
+    assert "all 24 unit(s) finished already" in r.stdout and "all 32 unit(s) finished already" in r.stdout
     after = {r.info.run_id: (r.info.status, r.info.end_time) for r in runs_of(c, "smoke")}
     children = {k: v for k, v in after.items() if k in before}
     assert set(after) == set(before)
@@ -263,12 +281,12 @@ scales:
        eval_batches: 2}}
 seeds: [0, 1]
 prune: {ratios: [0.5], methods: [random], scope: [per_layer, global], finetune_steps: 5, calibration_batches: 2,
-        curve: false}
+        curve: false, at: [0.2, 1]}
 controls: [scratch_e]
 retries: 2
 """
 FAULT_STEP = 25
-UNITS = 10  # 2 dense, 2 scratch_e (per_layer), 4 pruned (2 scopes), 2 scratch_e of the global prunes
+UNITS = 14  # 2 dense, 2 scratch_e (per_layer), 8 pruned (2 scopes × 2 timings), 2 scratch_e of the global prunes
 
 
 def _descendants(pid):
@@ -349,6 +367,11 @@ def test_fault_switch_trial_retried_by_ray_continues_its_run(interrupted):
     assert r.data.metrics["resumed_at_step"] == 20
     assert steps_of(c, r) == list(range(1, 101))
     assert len(c.get_metric_history(r.info.run_id, "train/loss")) == 100
+    # its checkpoint of step 20, kept for pruning at 0.2 of training, survived the restart: the early prunes of
+    # this dense model started from it
+    early = [x for x in children if x.data.tags["headroom.prune_at"] == "0.2"
+             and x.data.tags["headroom.seed"] == r.data.tags["headroom.seed"]]
+    assert len(early) == 2 and all(x.info.status == "FINISHED" and x.data.metrics["prune_step"] == 20 for x in early)
 
 
 def test_killed_driver_resumes_without_rerunning_or_duplicating(interrupted):

@@ -57,4 +57,4 @@ def test_a_changed_spec_gets_a_new_parent_and_fresh_children(store):
     child = ta.client.get_run(ta.child(u))
     assert child.data.tags["mlflow.parentRunId"] == ta.parent_id
     assert {k: v for k, v in child.data.tags.items() if k.startswith("headroom.")} == u.tags()
-    assert child.data.params["lr"] == str(u.train["lr"])
+    assert child.data.params["lr"] == str(u.train.lr)

@@ -9,6 +9,7 @@ from collections import defaultdict
 
 from lightning_modules.config import CONTROLS, SCALES, prunable_fraction, within_tolerance
 
+from ..plan import split_label
 from .read import Run, Windows
 from .rows import Comparison, CurvePoint, Prunable
 from .stats import ALPHA, holm, paired, t_interval, verdict_of
@@ -30,10 +31,12 @@ def eval_sets(runs: list[Run]) -> list[str]:
     return sorted(sets, key=lambda s: (s != "id", s))
 
 
-def scale_rank(scale: str) -> int:
-    """Scales in the order of the presets (xs, s, m, ...; a pretrained checkpoint last)."""
+def scale_rank(scale: str) -> tuple[int, int]:
+    """Scales in the order of the presets (xs, s, m, ...; a pretrained checkpoint last); the budgets of one scale
+    ("s-T500", "s-T1500") in increasing order."""
+    name, budget = split_label(scale)
     names = list(SCALES)
-    return names.index(scale) if scale in names else len(names)
+    return (names.index(name) if name in names else len(names)), budget or 0
 
 
 def by_scale(groups: dict) -> list:
@@ -42,15 +45,16 @@ def by_scale(groups: dict) -> list:
 
 
 def pruned_groups(runs: list[Run]) -> dict:
-    """(scale, family, ratio, method, scope, schedule) -> {seed: pruned run}."""
+    """(scale, family, ratio, method, scope, schedule) -> {seed: pruned run}, of the trained models' prunes
+    (prune_at 1; the timing axis has its own rows)."""
     groups = defaultdict(dict)
     for r in runs:
-        if r.arm == "pruned":
+        if r.arm == "pruned" and r.prune_at == 1.0:
             groups[(r.scale, r.family, r.ratio, r.method, r.scope, r.schedule)][r.seed] = r
     return groups
 
 
-def _control_runs(runs: list[Run]) -> dict:
+def control_runs(runs: list[Run]) -> dict:
     idx = defaultdict(dict)
     for r in runs:
         if r.arm in CONTROLS:
@@ -79,7 +83,7 @@ def _window_diffs(pw: list[dict | None], cw: list[dict | None]) -> tuple[list[li
     return [[c - p for c, p in zip(c_["loss"], p_["loss"])] for p_, c_ in zip(pw, cw)], tokens
 
 
-def _controls_of(controls: dict, arm: str, key: tuple) -> dict:
+def controls_of(controls: dict, arm: str, key: tuple) -> dict:
     scale, family, ratio, method, scope, schedule = key
     if scope == "per_layer" or arm == "wide":  # wide: the uniform "fewer heads" config of this ratio
         return controls.get((arm, scale, family, ratio, "none", "per_layer", "none"), {})
@@ -91,7 +95,7 @@ def comparisons(runs: list[Run], windows: Windows | None = None) -> list[Compari
     (finetune_steps 0) and after recovery fine-tune; then Holm's adjustment over each (scale, family)'s primary
     comparisons, whose verdicts become the adjusted ones."""
     windows = windows or Windows(None)
-    controls = _control_runs(runs)
+    controls = control_runs(runs)
     sets = eval_sets(runs)
     out = []
     for key, by_seed in by_scale(pruned_groups(runs)):
@@ -99,7 +103,7 @@ def comparisons(runs: list[Run], windows: Windows | None = None) -> list[Compari
         first = by_seed[min(by_seed)]
         ft = first.finetune_steps
         for arm in CONTROLS:
-            ctrl = _controls_of(controls, arm, key)
+            ctrl = controls_of(controls, arm, key)
             seeds = sorted(set(by_seed) & set(ctrl))
             for ev in sets if seeds else []:
                 for stage, steps in [("final", ft)] if ft == 0 else [("pre_ft", 0), ("final", ft)]:

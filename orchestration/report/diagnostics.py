@@ -27,6 +27,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
+from ..plan import split_label
 from .stats import t_interval
 
 EVAL_SET = "id"
@@ -88,7 +89,9 @@ def larger_scale_not_worse(runs, scale: str, family: str, order: list[str]) -> D
                 and key in r.metrics]
 
     mine = losses(scale)
-    smaller = [s for s in order[:order.index(scale)] if losses(s)] if scale in order else []
+    budget = split_label(scale)[1]  # budgets of a scale are compared with the same budget of smaller scales
+    smaller = [s for s in order[:order.index(scale)] if split_label(s)[1] == budget and split_label(s)[0] !=
+               split_label(scale)[0] and losses(s)] if scale in order else []
     if not smaller or not mine:
         return Diagnostic(scale, family, "larger_scale_not_worse", None, "not tested: no smaller scale in the sweep")
     parts, failed, tested = [], False, False
@@ -129,7 +132,7 @@ def informative_beats_random(runs, scale: str, family: str, method: str) -> Diag
     by = defaultdict(lambda: defaultdict(dict))  # method -> seed -> ratio -> loss, or the random draws' losses
     for r in runs:
         if (r.arm, r.scale, r.family, r.scope, r.schedule) == ("pruned", scale, family, "per_layer", "one_shot") \
-                and r.method in (method, "random") and key in r.metrics:
+                and r.prune_at == 1.0 and r.method in (method, "random") and key in r.metrics:
             draws = sorted((int(k.rsplit("draw", 1)[1]), v) for k, v in r.metrics.items()
                            if k.startswith(f"pre_ft_random/{EVAL_SET}/draw"))
             by[r.method][r.seed][r.ratio] = [v for _, v in draws] if r.method == "random" and draws \

@@ -1,4 +1,4 @@
-"""The report's document: ten sections built from a Report, with their plots (orchestration/report/plots.py) drawn
+"""The report's document: twelve sections built from a Report, with their plots (orchestration/report/plots.py) drawn
 into the output folder. The text says how every number was made; the numbers come from the Report unchanged."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lightning_modules.config import CONTROLS
 
-from . import plots
+from . import axes, plots
 from .analysis import PRIMARY, eval_sets, mean
 from .read import Run, scores_of
 from .render import Doc, fmt_ci, fmt_p, fmt_ratio
@@ -45,8 +45,8 @@ def render(rep: Report, out: Path) -> Doc:
         doc.p(f"**Partial report**: {len(d.missing)} planned unit(s) have no finished run; rows that need them "
               f"are absent. Missing: " + ", ".join(f"`{m}`" for m in d.missing[:40])
               + (" …" if len(d.missing) > 40 else ""))
-    for section in (_headline, _diagnostics, _comparisons, _replication, _curves, _across_scales, _probes,
-                    _learning_rates, _evaluation, _cost):
+    for section in (_headline, _diagnostics, _comparisons, _replication, _curves, _across_scales, _timing, _budget,
+                    _probes, _learning_rates, _evaluation, _cost):
         section(doc, rep, pg)
     return doc
 
@@ -210,6 +210,16 @@ def _across_scales(doc: Doc, rep: Report, pg: _Page) -> None:
                    "pruning's advantage"], rows)
 
 
+def _timing(doc: Doc, rep: Report, pg: _Page) -> None:
+    """Section 6a. prune timing."""
+    axes.timing_section(doc, rep, pg.plots)
+
+
+def _budget(doc: Doc, rep: Report, pg: _Page) -> None:
+    """Section 6b. the training budget."""
+    axes.budget_section(doc, rep, pg.plots)
+
+
 def _probes(doc: Doc, rep: Report, pg: _Page) -> None:
     """Section 7. probes."""
     d = rep.data
@@ -330,7 +340,7 @@ def _cost(doc: Doc, rep: Report, pg: _Page) -> None:
 def _heatmap_runs(runs: list[Run]):
     pick = {}
     for r in runs:
-        if r.arm != "pruned":
+        if r.arm != "pruned" or r.prune_at != 1.0:
             continue
         k = (r.scale, r.family, r.method)
         rank = (r.scope != "per_layer", r.schedule != "one_shot", r.seed, r.ratio or 0)

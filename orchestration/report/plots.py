@@ -210,3 +210,109 @@ def redundancy_plot(pairs: dict, path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def timing_plot(rows: list, path: str | Path, title: str) -> None:
+    """Final loss against the fraction of training at which the heads went (one line per ratio, band = 95% CI over
+    seeds), with the dense models, pruning the trained model (p = 1) and Scratch-E as horizontal lines."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    cmap = plt.get_cmap("tab10")
+    for i, ratio in enumerate(sorted({r.ratio for r in rows})):
+        pts = sorted((r for r in rows if r.ratio == ratio), key=lambda r: r.prune_at)
+        x = [r.prune_at for r in pts]
+        ax.plot(x, [r.loss_mean for r in pts], marker="o", color=cmap(i), label=f"pruned r{ratio:g}, heads removed at p")
+        if all(r.loss_ci95 for r in pts):
+            ax.fill_between(x, [r.loss_ci95[0] for r in pts], [r.loss_ci95[1] for r in pts], color=cmap(i), alpha=0.18)
+        late = [r for r in pts if r.prune_at == 1.0]
+        if late:
+            ax.axhline(late[0].loss_mean, color=cmap(i), lw=0.8, ls=":", label=f"dense-then-prune r{ratio:g}")
+        if pts[0].scratch_e_loss is not None:
+            ax.axhline(pts[0].scratch_e_loss, color=cmap(i), lw=0.8, ls="-.", label=f"Scratch-E r{ratio:g}")
+    dense = next((r.dense_loss for r in rows if r.dense_loss is not None), None)
+    if dense is not None:
+        ax.axhline(dense, color="black", lw=0.8, ls="--", label="dense")
+    ax.set_xlabel("fraction of training at which the heads were removed (p; 0 = at init)")
+    ax.set_ylabel("final loss (nats/token)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def trend_plot(trends: list, axis: str, path: str | Path) -> None:
+    """The primary gap per cell against an axis (log), error bars = 95% CI over seeds, the fitted line, and the
+    crossover where the line meets 0."""
+    plt = _plt()
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for t in (t for t in trends if t.axis == axis):
+        pts = sorted(t.points, key=lambda p: p.tokens_per_param if axis == "tokens_per_param" else p.params)
+        x = np.array([p.tokens_per_param if axis == "tokens_per_param" else p.params for p in pts], dtype=float)
+        y = np.array([p.diff_mean for p in pts], dtype=float)
+        lo = [y[j] - p.ci95[0] if p.ci95 else 0 for j, p in enumerate(pts)]
+        hi = [p.ci95[1] - y[j] if p.ci95 else 0 for j, p in enumerate(pts)]
+        line = ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, lw=0, elinewidth=1,
+                           label=f"{t.family} r{t.ratio:g} vs {_CONTROL_LABEL[t.control]} "
+                                 f"({t.slope:+.3f}/decade)")
+        color = line[0].get_color()
+        # the fitted line through the mean of all (cell, seed) points
+        w = np.array([p.n_seeds for p in pts], dtype=float)
+        mx, my = float(np.average(np.log10(x), weights=w)), float(np.average(y, weights=w))
+        grid = np.linspace(np.log10(x.min()), np.log10(x.max()), 50)
+        ax.plot(10 ** grid, my + t.slope * (grid - mx), color=color, lw=1)
+        if t.crossover is not None:
+            ax.axvline(t.crossover, color=color, lw=0.8, ls=":")
+        for xi, yi, p in zip(x, y, pts):
+            ax.annotate(p.cell, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xscale("log")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xlabel("training tokens per dense parameter" if axis == "tokens_per_param" else "dense parameters")
+    ax.set_ylabel("control − pruned loss (nats/token)")
+    ax.set_title("primary gap against the training budget (dotted: fitted crossover)" if axis == "tokens_per_param"
+                 else "primary gap against model size", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def budget_map(trends: list, path: str | Path) -> None:
+    """Parameters × training tokens, one panel per control: colour = the primary gap at each cell, a filled marker
+    where its 95% interval excludes 0 (hollow: it does not)."""
+    plt = _plt()
+    import numpy as np
+
+    per = {}
+    for t in trends:
+        if t.axis == "tokens_per_param":
+            per.setdefault(t.control, []).extend((t, p) for p in t.points)
+    controls = sorted(per)
+    fig, axes = plt.subplots(1, len(controls), figsize=(4.6 * len(controls), 3.8), dpi=120, squeeze=False)
+    vmax = max((abs(p.diff_mean) for c in controls for _, p in per[c]), default=1.0) or 1.0
+    for ax, control in zip(axes[0], controls):
+        pts = per[control]
+        x = np.array([p.params for _, p in pts])
+        y = np.array([p.tokens_per_param * p.params for _, p in pts])
+        c = np.array([p.diff_mean for _, p in pts])
+        decided = np.array([bool(p.ci95 and (p.ci95[0] > 0 or p.ci95[1] < 0)) for _, p in pts])
+        sc = ax.scatter(x[decided], y[decided], c=c[decided], cmap="coolwarm_r", vmin=-vmax, vmax=vmax, s=90,
+                        edgecolors="black")
+        ax.scatter(x[~decided], y[~decided], c=c[~decided], cmap="coolwarm_r", vmin=-vmax, vmax=vmax, s=90,
+                   marker="o", linewidths=1.5, edgecolors="gray", alpha=0.5)
+        for (t, p), xi, yi in zip(pts, x, y):
+            ax.annotate(f"{p.cell} r{t.ratio:g}", (xi, yi), textcoords="offset points", xytext=(5, 4), fontsize=6)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("dense parameters")
+        ax.set_ylabel("training tokens")
+        ax.set_title(f"vs {_CONTROL_LABEL[control]} (blue: pruning wins)", fontsize=9)
+        ax.grid(alpha=0.3)
+        fig.colorbar(sc, ax=ax, label="control − pruned (nats/token)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

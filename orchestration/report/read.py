@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lightning_modules.config import HeadroomInputError
 
-from ..plan import WINDOWS_FILE, expected_names
+from ..plan import WINDOWS_FILE, cell_label, expected_names
 from ..runstore import search_runs
 from ..spec import Sweep
 
@@ -37,6 +37,8 @@ class Run:
     schedule: str = field(init=False)
     seed: int = field(init=False)
     ratio: float | None = field(init=False)
+    budget: int | None = field(init=False)  # the dense budget T, when the scale lists several
+    prune_at: float = field(init=False)  # prune runs: the fraction of T at which heads went (1: the trained model)
 
     def tag(self, name: str) -> str:
         return self.tags.get(f"headroom.{name}", "none")
@@ -46,6 +48,10 @@ class Run:
             setattr(self, t, self.tag(t))
         self.seed = int(self.tag("seed"))
         self.ratio = None if self.tag("ratio") == "none" else float(self.tag("ratio"))
+        self.budget = None if self.tag("steps") == "none" else int(self.tag("steps"))
+        self.prune_at = 1.0 if self.tag("prune_at") == "none" else float(self.tag("prune_at"))
+        if self.budget is not None:  # each budget of a scale is a cell of its own: "s-T1500"
+            self.scale = cell_label(self.scale, self.budget)
 
     @property
     def finetune_steps(self) -> int:

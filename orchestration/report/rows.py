@@ -143,3 +143,60 @@ class EvalInfo:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class Timing:
+    """Prune timing: the pruned models' final loss (after training on to T and the recovery fine-tune) when the
+    heads went at a fraction `prune_at` of T, with the paired difference to pruning the trained model (prune_at 1)."""
+
+    scale: str
+    family: str
+    ratio: float
+    method: str
+    prune_at: float
+    eval_set: str
+    n_seeds: int
+    loss_mean: float
+    loss_ci95: list[float] | None
+    vs_late_mean: float | None  # loss(prune_at) − loss(1), paired by seed
+    vs_late_ci95: list[float] | None
+    vs_late: str  # matches | worse | better | inconclusive | insufficient_seeds | reference (prune_at 1)
+    dense_loss: float | None  # the reference lines of the plot: the dense models and Scratch-E at this ratio
+    scratch_e_loss: float | None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TrendPoint:
+    cell: str  # scale label ("s" or "s-T1500")
+    tokens_per_param: float
+    params: float
+    n_seeds: int
+    diff_mean: float
+    ci95: list[float] | None
+
+
+@dataclass
+class Trend:
+    """The primary gap (control − pruned, per seed) fitted against log10 of an axis over the sweep's cells: the
+    slope per decade with its t-interval, and where the fitted gap crosses zero (None when not within the swept
+    range) with a bootstrap interval over seeds."""
+
+    family: str
+    ratio: float
+    control: str
+    axis: str  # tokens_per_param | params
+    slope: float
+    slope_ci95: list[float] | None
+    crossover: float | None
+    crossover_ci95: list[float] | None
+    x_range: list[float]
+    points: list[TrendPoint]
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("points")
+        return d

@@ -6,15 +6,16 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from lightning_modules.config import DEFAULT_TOLERANCE, SCALES, HeadroomInputError
+from lightning_modules.config import DEFAULT_TOLERANCE, HeadroomInputError
 
 from ..spec import TrustSpec
 from .analysis import PRIMARY, best_methods, comparisons, prunable, prunable_fractions, prune_curves, scale_rank
 from .diagnostics import Diagnostic, diagnose, untrustworthy
 from .read import SweepRuns, Windows
 from .render import fmt_ci, fmt_p
-from .rows import Comparison, Cost, CurvePoint, EvalInfo, LearningRate, Prunable, ScaleTrend
+from .rows import Comparison, Cost, CurvePoint, EvalInfo, LearningRate, Prunable, ScaleTrend, Timing, Trend
 from .summaries import across_scales, costs, evaluation_info, learning_rates, probes, scale_params
+from .trends import timing, trends
 
 CONTROL_NAMES = {"scratch_e": "Scratch-E", "scratch_b": "Scratch-B", "wide": "wide"}
 VERDICTS = ("supported", "refuted", "inconclusive", "insufficient_seeds")
@@ -35,6 +36,8 @@ class Report:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     learning_rates: list[LearningRate] = field(default_factory=list)
     evaluation: list[EvalInfo] = field(default_factory=list)
+    timing: list[Timing] = field(default_factory=list)
+    trends: list[Trend] = field(default_factory=list)
 
     def verdict_json(self) -> dict:
         return {"sweep": self.data.sweep, "spec_hash": self.data.spec_hash,
@@ -46,7 +49,9 @@ class Report:
                               "untrustworthy": bool(untrustworthy(self.diagnostics, s, f))}
                              for s, f in self.scale_families()],
                 "learning_rates": [x.to_json() for x in self.learning_rates],
-                "evaluation": [e.to_json() for e in self.evaluation]}
+                "evaluation": [e.to_json() for e in self.evaluation],
+                "timing": [t.to_json() for t in self.timing],
+                "trend": [t.to_json() for t in self.trends]}
 
     def primary(self) -> list[Comparison]:
         return [c for c in self.comparisons if c.primary]
@@ -88,10 +93,11 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
     curves = prune_curves(runs)
     h1 = prunable(runs, tol)
     scale_fams = sorted({(p.scale, p.family) for p in h1}, key=lambda p: (scale_rank(p[0]), p))
-    diags = diagnose(runs, data.histories, scale_fams, [*SCALES], PRIMARY["method"], final_drop)
+    order = sorted({r.scale for r in runs}, key=scale_rank)  # scale labels, smallest first (budgets within)
+    diags = diagnose(runs, data.histories, scale_fams, order, PRIMARY["method"], final_drop)
     return Report(data, tol, comps, h1, curves, prunable_fractions(curves, tol), best_methods(runs),
                   across_scales(comps, scale_params(runs)), costs(runs), probes(data), diags, learning_rates(runs),
-                  evaluation_info(runs))
+                  evaluation_info(runs), timing(runs, tol), trends(runs))
 
 
 def headline_metrics(rep: Report) -> dict[str, float]:
