@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from sweep_runs import run_and_read
 
-from orchestration.plan import compute_share
 from orchestration.spec import TrainOverrides, load_sweep
+from orchestration.summary import compute_share
 
 GOAL = 0.6
 

@@ -69,10 +69,13 @@ def main() -> int:
     sweep, _ = load_sweep(ROOT / "sweeps" / "smoke.yaml")
     steps = args.steps or (40 if args.tiny else 300)
     scales = {k: v.model_copy(update={"steps": steps}) for k, v in sweep.scales.items()}
-    # no controls, lr search or probes: the ratio compares the prune stage with plain dense training
-    update = {"name": "bench-sweep-reuse", "scales": scales, "controls": [], "lr": None, "probes": None}
+    # no controls, lr search or probes, one budget, prunes of the trained models only: the ratio compares the
+    # prune stage with plain dense training
+    prune = sweep.prune.model_copy(update={"at": [1.0]})
+    update = {"name": "bench-sweep-reuse", "scales": scales, "controls": [], "lr": None, "probes": None,
+              "prune": prune}
     if args.tiny:
-        update.update(family=["decoder"], seeds=[0], prune=sweep.prune.model_copy(update={"methods": ["random"]}))
+        update.update(family=["decoder"], seeds=[0], prune=prune.model_copy(update={"methods": ["random"]}))
     sweep = sweep.model_copy(update=update)
 
     work = Path(tempfile.mkdtemp(prefix="headroom-bench-"))

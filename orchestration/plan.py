@@ -47,18 +47,6 @@ WINDOWS_FILE = "eval_windows.json"  # per-window losses of a unit's evaluations 
 WORK_KINDS = ("train_s", "eval_s", "score_s")  # cost/<kind>: seconds of a unit in training, evaluation, scoring steps
 
 
-def compute_share(metrics: list[dict]) -> dict | None:
-    """Of the trial seconds of these runs (cost/wall_s), the share spent in training, evaluation and scoring
-    steps, in all and by kind; None when no run recorded them. The rest is framework setup, data preparation,
-    checkpoints and Tune's bookkeeping."""
-    wall = sum(m.get("cost/wall_s", 0.0) for m in metrics if "cost/train_s" in m)
-    if not wall:
-        return None
-    by = {k: sum(m.get(f"cost/{k}", 0.0) for m in metrics if "cost/train_s" in m) / wall for k in WORK_KINDS}
-    return {"share": sum(by.values()), **by, "trial_s": wall,
-            "trials": sum(1 for m in metrics if "cost/train_s" in m)}
-
-
 TAG_FIELDS = ("stage", "arm", "scale", "family", "heads", "method", "ratio", "scope", "schedule", "seed", "key",
               "steps", "prune_at")
 SNAPSHOTS_DIR = "snapshots"  # a dense run's kept checkpoints (step<k>.ckpt) for pruning at p·T, beside its model

@@ -383,6 +383,9 @@ def _check_ratios(s: Sweep, layer_heads: list[int], what: str) -> None:
 def check_sweep(s: Sweep) -> None:
     """What one field cannot say alone. Raises HeadroomInputError('field.path: message')."""
     if s.pretrained is not None:
+        if s.prune.at != [1.0]:
+            raise HeadroomInputError("prune.at: a pretrained checkpoint has no training history to prune early in; "
+                                     "remove prune.at")
         for field, bad in (("scales", s.scales), ("controls", s.controls), ("lr", s.lr), ("family", s.family),
                            ("probes", s.probes)):
             if bad:
@@ -392,9 +395,6 @@ def check_sweep(s: Sweep) -> None:
         except HeadroomInputError as e:
             raise HeadroomInputError(f"pretrained.checkpoint: {e}") from None
         _check_ratios(s, info.layer_heads, "the checkpoint")
-        if s.prune.at != [1.0]:
-            raise HeadroomInputError("prune.at: a pretrained checkpoint has no training history to prune early in; "
-                                     "remove prune.at")
         if s.prune.finetune_steps and s.prune.finetune_lr is None:
             raise HeadroomInputError("prune.finetune_lr: required to fine-tune a pretrained checkpoint (the grid is "
                                      "relative to a learning rate this sweep did not train with)")

@@ -5,7 +5,19 @@ from __future__ import annotations
 
 import statistics
 
-from .plan import cell_label, compute_share
+from .plan import WORK_KINDS, cell_label
+
+
+def compute_share(metrics: list[dict]) -> dict | None:
+    """Of the trial seconds of these runs (cost/wall_s), the share spent in training, evaluation and scoring
+    steps, in all and by kind; None when no run recorded them. The rest is framework setup, data preparation,
+    checkpoints and Tune's bookkeeping."""
+    wall = sum(m.get("cost/wall_s", 0.0) for m in metrics if "cost/train_s" in m)
+    if not wall:
+        return None
+    by = {k: sum(m.get(f"cost/{k}", 0.0) for m in metrics if "cost/train_s" in m) / wall for k in WORK_KINDS}
+    return {"share": sum(by.values()), **by, "trial_s": wall,
+            "trials": sum(1 for m in metrics if "cost/train_s" in m)}
 
 
 def loss_table(sweep_name: str, runs: list) -> str:

@@ -358,6 +358,31 @@ def test_readme_secrets_and_names_match_the_manifests():
         assert f"store/{bucket}" in script and bucket in sec
 
 
+def test_mlflow_basic_auth_has_what_it_needs_to_start():
+    """`--app-name basic-auth` imports Flask-WTF, which only MLflow's `auth` extra installs (read from the installed
+    MLflow's own metadata), and MLflow refuses basic-auth without MLFLOW_FLASK_SERVER_SECRET_KEY."""
+    from importlib.metadata import requires
+
+    auth_extra = [r for r in requires("mlflow") or [] if "extra == \"auth\"" in r or "extra == 'auth'" in r]
+    assert any(r.lower().startswith("flask-wtf") for r in auth_extra), auth_extra
+    deploy = next(o for o in render("overlays/dev") if o["kind"] == "Deployment" and o["metadata"]["name"] == "mlflow")
+    c = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert "--app-name=basic-auth" in c["args"]
+    dockerfile = (K8S / "images" / "mlflow.Dockerfile").read_text()
+    pins = re.findall(r"'?mlflow(\[[\w,]+\])?==([\d.]+)'?", dockerfile)
+    assert pins and all("auth" in extra for extra, _ in pins), pins
+    assert c["image"].endswith(":" + pins[0][1])  # the image tag is the MLflow it installs
+    env = {e["name"]: e for e in c["env"]}
+    ref = env["MLFLOW_FLASK_SERVER_SECRET_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "mlflow-credentials", "key": "flask-secret-key"}  # README creates it (test above)
+
+
+def test_the_shared_data_volume_names_a_read_write_many_storage_class():
+    pvc = next(o for o in render("jobs/scales/staging") if o["kind"] == "PersistentVolumeClaim")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and pvc["spec"].get("storageClassName")
+    assert pvc["spec"]["storageClassName"] in _readme_section()  # documented where a user sets it
+
+
 # --------------------------------------------------------------------------------------------- install script
 
 

@@ -55,6 +55,9 @@ BAD = [
                            "methods: [random]}\n", "pretrained.checkpoint"),
     ("seq-len-over-max", GOOD.replace("seq_len: 32", "seq_len: 4096"), "scales.xs: seq_len 4096 exceeds"),
     ("unknown-override", GOOD.replace("batch_size: 4", "lr: 0.1"), "scales.xs.overrides.lr: unknown key"),
+    ("budgets-repeated", GOOD.replace("steps: 20,", "steps: [20, 20],"), "scales.xs.steps: duplicate value 20"),
+    ("budget-not-positive", GOOD.replace("steps: 20,", "steps: [0, 20],"), "scales.xs.steps: must be a positive"),
+    ("prune-at-over-one", GOOD.replace("random]}", "random], at: [1.5]}"), "prune.at[0]"),
     ("bad-tokenizer", GOOD.replace("{source: stdlib}", "{source: stdlib, tokenizer: wordpiece}"), "data.tokenizer"),
     ("negative-finetune", GOOD.replace("methods: [gradient, random]}", "methods: [random], finetune_steps: -1}"),
      "prune.finetune_steps"),
@@ -397,6 +400,48 @@ def test_every_shipped_sweep_plans_cleanly_and_wide_is_built_at_every_ratio():
             g = next(x for x in rows if x["stage"] == "prune" and x["scope"] == "global" and x["scale"] == "s"
                      and x["ratio"] == 0.75)
             assert g["heads"] is None and g["heads_total"] == 32 - heads_removed(32, 0.75)
+        if name == "smoke":  # both axes: two budgets, pruning at half of training as well as at the end
+            prunes = [x for x in rows if x["stage"] == "prune"]
+            assert {(x["budget"], x["prune_at"]) for x in prunes} == {(T, p) for T in (20, 40) for p in (0.5, 1.0)}
+            # pruned halfway: trains the second half, then the 10 fine-tune steps
+            assert {(x["budget"], x["steps"]) for x in prunes if x["prune_at"] == 0.5} == {(20, 20), (40, 30)}
+            assert {x["budget"] for x in rows if x["stage"] == "train"} == {20, 40}
+
+
+def test_budgets_and_prune_timings_plan_their_own_units_with_their_own_keys():
+    """Each budget is its own dense run with its own controls and prunes; each prune timing its own prune unit
+    from that dense run, whose kept checkpoints are part of its key. Sweeps without the new fields keep their keys."""
+    from orchestration.plan import expected_names, prune_units, snapshot_step, train_units
+    from orchestration.spec import parse_sweep
+
+    plain = parse_sweep(GOOD)
+    both = parse_sweep(GOOD.replace("steps: 20,", "steps: [10, 20],").replace(
+        "methods: [gradient, random]}", "methods: [gradient, random], at: [0, 0.25, 1]}"))
+    assert both.spec_hash() != plain.spec_hash() == parse_sweep(GOOD.replace("random]}", "random], at: [1]}")).spec_hash()
+    trained = train_units(both, "c")
+    dense = [u for u in trained if u.arm == "dense"]
+    assert sorted((u.budget, u.train.steps, u.seed) for u in dense) == [(T, T, s) for T in (10, 20) for s in (0, 1)]
+    assert all(u.snapshots == (0, snapshot_step(0.25, u.train.steps)) for u in dense)
+    assert [snapshot_step(0.25, T) for T in (10, 20)] == [2, 5]  # floor: always before the end
+    pruned = prune_units(both, dense)
+    assert len(pruned) == 4 * 3 * 2  # dense runs × timings × methods
+    assert {(p.prune_at, p.budget) for p in pruned} == {(a, T) for a in (0.0, 0.25, 1.0) for T in (10, 20)}
+    keys = [u.key for u in trained + pruned]
+    assert len(set(keys)) == len(keys)
+    names = [u.name for u in trained + pruned]
+    assert len(set(names)) == len(names) and names == expected_names(both)
+    assert "xs-decoder-T10-pruned-gradient-r0.5-at0.25-s1" in names and "xs-decoder-T20-scratch_e-r0.5-s0" in names
+    tags = pruned[0].tags()
+    assert tags["headroom.steps"] == "10" and tags["headroom.prune_at"] == "0"
+    assert dense[0].tags()["headroom.prune_at"] == "none"
+    # the dense runs of a sweep that prunes only the trained models keep no checkpoints (and keep their keys)
+    old = train_units(plain, "c")
+    assert all(u.snapshots == () and u.budget is None for u in old)
+    late = parse_sweep(GOOD.replace("steps: 20,", "steps: [20],"))
+    assert [u.key for u in train_units(late, "c")] == [u.key for u in old]  # [20] is the same budget as 20
+    with pytest.raises(Exception, match="prune.at"):
+        parse_sweep("name: p\npretrained: {checkpoint: /nonexistent}\nprune: {ratios: [0.5], methods: [random], "
+                    "at: [0.5, 1]}\n")
 
 
 def test_a_unit_that_cannot_be_built_stops_the_plan_and_the_sweep_before_anything_starts(tmp_path):

@@ -87,9 +87,9 @@ def test_a_planted_trend_is_recovered_with_its_slope_and_crossover(planted):
     true_cross = 10 ** (-A / B)
     assert e["crossover"] == pytest.approx(true_cross, rel=0.15)
     assert e["crossover_ci95"][0] < true_cross < e["crossover_ci95"][1]
-    assert e["crossover_ci95"][0] < e["crossover"] < e["crossover_ci95"][1]
+    assert e["crossover_ci95"][0] < e["crossover"] < e["crossover_ci95"][1] and e["established"] is True
     b = rows["scratch_b", "tokens_per_param"]  # planted positive everywhere: no crossover in the swept range
-    assert b["crossover"] is None and b["crossover_ci95"] is None
+    assert b["crossover"] is None and b["crossover_ci95"] is None and b["established"] is False
     assert b["x_range"] == pytest.approx([_tpp(100), _tpp(2700)])
     md = (out / "report.md").read_text()
     assert "6b. Training budget and the crossover" in md and f"none within {_tpp(100):.3g}–{_tpp(2700):.3g}" in md

@@ -1,8 +1,9 @@
-# MLflow tracking server with the PostgreSQL and S3 drivers the stock image lacks (psycopg2, boto3).
+# MLflow tracking server with the PostgreSQL and S3 drivers the stock image lacks (psycopg2, boto3), and MLflow's
+# `auth` extra: `--app-name basic-auth` imports Flask-WTF, which plain `mlflow` does not install.
 #   docker build -f k8s/images/mlflow.Dockerfile -t ghcr.io/headroom-project/mlflow:3.17.2 k8s/images
 FROM python:3.11-slim-bookworm
 
-RUN pip install --no-cache-dir mlflow==3.17.2 psycopg2-binary==2.9.13 boto3==1.43.107 \
+RUN pip install --no-cache-dir 'mlflow[auth]==3.17.2' psycopg2-binary==2.9.13 boto3==1.43.107 \
     && useradd --uid 1000 --user-group --no-create-home --home-dir /tmp mlflow
 
 USER 1000:1000

@@ -54,7 +54,8 @@ def budget_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
           "`s-T1500` is scale s trained 1500 steps) and seed, fitted by least squares against log10 of the training "
           "tokens per dense parameter and of the dense parameters. The slope is the change of the gap per decade "
           "(95% t-interval). The crossover is where the fitted gap is 0, reported only inside the swept range, "
-          "with the 2.5–97.5 percentiles over bootstrap resamples of the seeds within each cell.")
+          "with the 2.5–97.5 percentiles over bootstrap resamples of the seeds within each cell; it is "
+          "*established* only when the slope's interval excludes 0 (a flat trend crosses zero somewhere by chance).")
     for axis in ("tokens_per_param", "params"):
         if any(t.axis == axis for t in rep.trends):
             path = plots_dir / f"trend_{axis}.png"
@@ -67,8 +68,10 @@ def budget_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
     rows = []
     for t in rep.trends:
         if t.crossover is not None:
-            where = f"{t.crossover:.3g} [{_num(t.crossover_ci95[0], '{:.3g}') if t.crossover_ci95 else '—'}, " \
-                    f"{_num(t.crossover_ci95[1], '{:.3g}') if t.crossover_ci95 else '—'}]"
+            ci = (f" [{_num(t.crossover_ci95[0], '{:.3g}')}, {_num(t.crossover_ci95[1], '{:.3g}')}]"
+                  if t.crossover_ci95 else " (no interval: under 3 seeds a cell)")
+            where = f"{t.crossover:.3g}{ci}" + ("" if t.established else
+                                                "; not established: the slope's interval includes 0")
         else:
             where = f"none within {t.x_range[0]:.3g}–{t.x_range[1]:.3g}"
         rows.append([t.family, fmt_ratio(t.ratio), CONTROL_NAMES[t.control], t.axis.replace("_", " "),

@@ -193,6 +193,7 @@ class Trend:
     slope_ci95: list[float] | None
     crossover: float | None
     crossover_ci95: list[float] | None
+    established: bool  # a crossover in range whose slope's 95% interval excludes 0
     x_range: list[float]
     points: list[TrendPoint]
 

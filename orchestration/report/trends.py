@@ -8,9 +8,11 @@ difference to pruning the trained model (p = 1). "matches" when that interval li
 
 Trend: every (cell, seed) gives one point, x = log10 of the axis, y = control − pruned on the primary comparison
 (after the recovery fine-tune). Ordinary least squares; the slope's interval is Student-t on n − 2 degrees of
-freedom. The crossover is where the fitted line is 0, reported only inside the swept range; its interval is the
-2.5-97.5 percentiles of the crossover over bootstrap resamples of the seeds within each cell (with three seeds a
-cell the bootstrap understates the spread: read it as a lower bound on the uncertainty)."""
+freedom. The crossover is where the fitted line is 0, reported only inside the swept range, and `established` only
+when the slope's interval excludes 0 (a flat trend crosses somewhere by chance); its interval is the 2.5-97.5
+percentiles of the crossover over bootstrap resamples of the seeds within each cell (with three seeds a
+cell the bootstrap understates the spread: read it as a lower bound on the uncertainty; with fewer than three
+seeds in a cell no interval is given)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from .stats import t_interval
 
 AXES = ("tokens_per_param", "params")
 BOOTSTRAP_DRAWS = 2000
+MIN_BOOTSTRAP_SEEDS = 3  # per cell: with two, resampling has three outcomes and its interval means nothing
 
 
 # ------------------------------------------------------------------------------------------------ timing
@@ -146,7 +149,7 @@ def fit_trend(cells: list[tuple[float, list[float]]], draws: int = BOOTSTRAP_DRA
     lo, hi = min(xs), max(xs)
     cross = -a / b if b != 0 and lo <= -a / b <= hi else None
     cross_ci = None
-    if cross is not None:
+    if cross is not None and min(len(g) for _, g in cells) >= MIN_BOOTSTRAP_SEEDS:
         rng = np.random.default_rng(seed)
         found = []
         for _ in range(draws):
@@ -161,7 +164,9 @@ def fit_trend(cells: list[tuple[float, list[float]]], draws: int = BOOTSTRAP_DRA
         if found:
             q = np.percentile(found, [2.5, 97.5])
             cross_ci = [float(q[0]), float(q[1])]
-    return {"slope": b, "slope_ci95": slope_ci, "crossover": cross, "crossover_ci95": cross_ci, "range": [lo, hi]}
+    established = cross is not None and slope_ci is not None and (slope_ci[0] > 0 or slope_ci[1] < 0)
+    return {"slope": b, "slope_ci95": slope_ci, "crossover": cross, "crossover_ci95": cross_ci, "range": [lo, hi],
+            "established": established}
 
 
 def _power(v: float | None) -> float | None:
@@ -186,6 +191,6 @@ def trends(runs: list[Run]) -> list[Trend]:
                 continue
             ci = f["crossover_ci95"]
             out.append(Trend(family, ratio, control, axis, f["slope"], f["slope_ci95"], _power(f["crossover"]),
-                             [_power(ci[0]), _power(ci[1])] if ci else None, [10 ** f["range"][0], 10 ** f["range"][1]],
-                             points))
+                             [_power(ci[0]), _power(ci[1])] if ci else None, f["established"],
+                             [10 ** f["range"][0], 10 ** f["range"][1]], points))
     return out
