@@ -224,7 +224,8 @@ def test_images_run_the_install_script_as_a_numeric_non_root_user():
     assert "k8s/images/install.sh" in text and "requirements.lock" in text
     images = {c["image"] for _, o in all_objects() for _, pod in pod_specs(o) for c in containers(pod)}
     assert "ghcr.io/headroom-project/mlflow:3.17.2" in images
-    assert re.search(r"mlflow==3\.17\.2 psycopg2-binary==\S+ boto3==", (K8S / "images" / "mlflow.Dockerfile").read_text())
+    assert re.search(r"'mlflow\[auth\]==3\.17\.2' psycopg2-binary==\S+ boto3==",
+                     (K8S / "images" / "mlflow.Dockerfile").read_text())
 
 
 def _mlflow_service():
@@ -381,6 +382,58 @@ def test_the_shared_data_volume_names_a_read_write_many_storage_class():
     pvc = next(o for o in render("jobs/scales/staging") if o["kind"] == "PersistentVolumeClaim")
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and pvc["spec"].get("storageClassName")
     assert pvc["spec"]["storageClassName"] in _readme_section()  # documented where a user sets it
+
+
+def _bytes(q) -> int:
+    """A Kubernetes quantity (4Gi, 512Mi, 3000000000) in bytes."""
+    q = str(q)
+    for suffix, f in (("Ki", 2**10), ("Mi", 2**20), ("Gi", 2**30), ("Ti", 2**40), ("k", 10**3), ("M", 10**6),
+                      ("G", 10**9)):
+        if q.endswith(suffix):
+            return int(float(q[:-len(suffix)]) * f)
+    return int(q)
+
+
+def _ray_groups(obj):
+    cluster = obj["spec"] if obj["kind"] == "RayCluster" else obj["spec"]["rayClusterSpec"]
+    yield "head", cluster["headGroupSpec"]
+    for g in cluster.get("workerGroupSpecs", []):
+        yield g["groupName"], g
+
+
+def test_ray_object_stores_fit_their_shared_memory_and_workers_carry_no_api_token():
+    """Ray's default object store is 30% of the pod's memory; /dev/shm is a smaller memory volume: every group
+    sets object-store-memory inside it. Workers run trials only and mount no service-account token."""
+    seen = 0
+    for target, obj in all_objects():
+        if obj["kind"] not in RAY_KINDS:
+            continue
+        for name, g in _ray_groups(obj):
+            pod = g["template"]["spec"]
+            shm = next(v for v in pod["volumes"] if v["name"] == "shm")["emptyDir"]
+            store = int(g["rayStartParams"]["object-store-memory"])
+            assert store <= 0.9 * _bytes(shm["sizeLimit"]), (target, name, store, shm)
+            if name != "head":  # the head runs the in-tree autoscaler, which talks to the API server
+                assert pod.get("automountServiceAccountToken") is False, (target, name)
+            seen += 1
+    assert seen >= 8
+
+
+def test_stateful_sets_have_headless_services_and_long_running_pods_have_probes():
+    objs = render("overlays/dev")
+    services = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Service"}
+    for o in objs:
+        if o["kind"] == "StatefulSet":
+            gov = services[o["spec"]["serviceName"]]
+            assert gov["spec"].get("clusterIP") == "None", o["metadata"]["name"]
+            assert gov["spec"]["selector"].items() <= o["spec"]["template"]["metadata"]["labels"].items()
+        if o["kind"] in ("StatefulSet", "Deployment"):
+            for c in o["spec"]["template"]["spec"]["containers"]:
+                assert c.get("readinessProbe") and c.get("livenessProbe"), (o["metadata"]["name"], c["name"])
+    # MLflow migrates its schema at start: it waits for PostgreSQL instead of crash-looping
+    mlflow = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "mlflow")
+    init = mlflow["spec"]["template"]["spec"]["initContainers"]
+    assert any("pg_isready -h postgres -p 5432" in " ".join(c["command"]) for c in init)
 
 
 # --------------------------------------------------------------------------------------------- install script
