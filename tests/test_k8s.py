@@ -436,6 +436,39 @@ def test_stateful_sets_have_headless_services_and_long_running_pods_have_probes(
     assert any("pg_isready -h postgres -p 5432" in " ".join(c["command"]) for c in init)
 
 
+RESTRICTED_VOLUMES = {"emptyDir", "configMap", "secret", "persistentVolumeClaim", "projected", "downwardAPI", "csi",
+                      "ephemeral"}
+
+
+def test_the_namespace_enforces_pod_security_restricted_and_every_pod_meets_it():
+    """The "restricted" profile of the Pod Security Standards, checked on every pod spec (Ray head, workers,
+    submitters and autoscaler included): non-root, RuntimeDefault seccomp, no privilege escalation, every capability
+    dropped, no host namespaces, allowed volume types only."""
+    ns = next(o for o in render("overlays/dev") if o["kind"] == "Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    checked = 0
+    for target, obj in all_objects():
+        for where, pod in pod_specs(obj):
+            psc = pod.get("securityContext", {})
+            assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")), (target, where)
+            for v in pod.get("volumes", []):
+                assert set(v) - {"name"} <= RESTRICTED_VOLUMES, (target, where, v)
+            for c in containers(pod):
+                sc = c.get("securityContext", {})
+                what = (target, where, c["name"])
+                assert sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True, what
+                assert sc.get("runAsUser", psc.get("runAsUser", 1)) != 0, what
+                assert (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type") == "RuntimeDefault", what
+                assert sc.get("allowPrivilegeEscalation") is False and not sc.get("privileged"), what
+                assert "ALL" in sc.get("capabilities", {}).get("drop", []), what
+                assert set(sc.get("capabilities", {}).get("add", [])) <= {"NET_BIND_SERVICE"}, what
+                checked += 1
+        if obj["kind"] == "RayCluster" and obj["spec"].get("enableInTreeAutoscaling"):
+            asc = obj["spec"]["autoscalerOptions"]["securityContext"]  # the autoscaler sidecar KubeRay adds
+            assert asc["allowPrivilegeEscalation"] is False and "ALL" in asc["capabilities"]["drop"]
+    assert checked >= 15
+
+
 # --------------------------------------------------------------------------------------------- install script
 
 
