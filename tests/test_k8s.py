@@ -224,7 +224,7 @@ def test_images_run_the_install_script_as_a_numeric_non_root_user():
     assert "k8s/images/install.sh" in text and "requirements.lock" in text
     images = {c["image"] for _, o in all_objects() for _, pod in pod_specs(o) for c in containers(pod)}
     assert "ghcr.io/headroom-project/mlflow:3.17.2" in images
-    assert re.search(r"'mlflow\[auth\]==3\.17\.2' psycopg2-binary==\S+ boto3==",
+    assert re.search(r"'mlflow\[auth\]==3\.17\.2' 'psycopg\[binary\]==\S+' boto3==",
                      (K8S / "images" / "mlflow.Dockerfile").read_text())
 
 
