@@ -4,6 +4,7 @@ line on stderr and exits 2, having started and written nothing."""
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import subprocess
@@ -220,8 +221,35 @@ def _check_tracking_uri(uri: str) -> None:
         except (urllib.error.URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", e)
             raise HeadroomInputError(f"--tracking-uri {uri}: tracking server unreachable ({reason})") from None
+        _check_credentials(uri)
     elif scheme not in ("", "file", "postgresql", "mysql", "databricks"):
         raise HeadroomInputError(f"--tracking-uri {uri}: unsupported scheme {scheme!r}")
+
+
+def _check_credentials(uri: str) -> None:
+    """A server with authentication (MLflow's basic-auth app) answers /health to anyone: ask it something that
+    needs a login, with the credentials MLflow's client will send (MLFLOW_TRACKING_USERNAME/PASSWORD or
+    MLFLOW_TRACKING_TOKEN), so that missing or wrong ones stop us here rather than mid-sweep."""
+    req = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    if user and password:
+        req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    elif token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        urllib.request.urlopen(req, timeout=10).read()
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            raise HeadroomInputError(
+                f"--tracking-uri {uri}: credentials rejected (MLFLOW_TRACKING_USERNAME {user!r})" if user or token
+                else f"--tracking-uri {uri}: the server requires a login; set MLFLOW_TRACKING_USERNAME and "
+                     "MLFLOW_TRACKING_PASSWORD") from None
+        if e.code == 403:
+            raise HeadroomInputError(f"--tracking-uri {uri}: user {user!r} may not read experiments") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise HeadroomInputError(f"--tracking-uri {uri}: tracking server unreachable "
+                                 f"({getattr(e, 'reason', e)})") from None
 
 
 def cmd_sweep(args) -> int:

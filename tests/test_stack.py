@@ -236,6 +236,28 @@ def test_without_its_secret_key_basic_auth_refuses_to_start(mlflow_server, tmp_p
     assert r.returncode != 0 and "MLFLOW_FLASK_SERVER_SECRET_KEY" in (r.stdout + r.stderr)
 
 
+def test_missing_or_wrong_credentials_stop_headroom_before_anything_starts(mlflow_server, tmp_path):
+    """One line, exit 2, nothing started or written: no Ray results, no experiment on the server."""
+    url = mlflow_server["url"]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
+    cases = [({}, "requires a login"),
+             ({"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": "wrong"}, "credentials rejected")]
+    for creds, needle in cases:
+        for argv in (["sweep", str(ROOT / "sweeps" / "smoke.yaml")], ["report", "--sweep", "smoke"]):
+            r = subprocess.run([sys.executable, "-m", "orchestration.cli", *argv, "--tracking-uri", url],
+                               cwd=tmp_path, env={**base, **creds}, capture_output=True, text=True, timeout=300)
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], (argv, creds, r.stderr[-2000:])
+    assert list(tmp_path.iterdir()) == []
+    from mlflow.tracking import MlflowClient
+
+    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = mlflow_server["admin"]
+    try:
+        assert MlflowClient(tracking_uri=url).get_experiment_by_name("smoke") is None
+    finally:
+        del os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]
+
+
 def test_the_image_installs_what_this_server_needed():
     """The server above ran with this environment's packages; the image must install the same ones: MLflow with
     its auth extra, psycopg 3 (what SQLAlchemy 2.1 uses for postgresql://; psycopg2 is not enough), boto3."""
