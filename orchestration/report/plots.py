@@ -300,17 +300,20 @@ def budget_map(trends: list, path: str | Path) -> None:
         y = np.array([p.tokens_per_param * p.params for _, p in pts])
         c = np.array([p.diff_mean for _, p in pts])
         decided = np.array([bool(p.ci95 and (p.ci95[0] > 0 or p.ci95[1] < 0)) for _, p in pts])
-        sc = ax.scatter(x[decided], y[decided], c=c[decided], cmap="coolwarm_r", vmin=-vmax, vmax=vmax, s=90,
-                        edgecolors="black")
-        ax.scatter(x[~decided], y[~decided], c=c[~decided], cmap="coolwarm_r", vmin=-vmax, vmax=vmax, s=90,
-                   marker="o", linewidths=1.5, edgecolors="gray", alpha=0.5)
+        cmap, norm = plt.get_cmap("coolwarm_r"), plt.Normalize(-vmax, vmax)
+        sc = ax.scatter(x[decided], y[decided], c=c[decided], cmap=cmap, norm=norm, s=90, edgecolors="black")
+        ax.scatter(x[~decided], y[~decided], facecolors="white", edgecolors=cmap(norm(c[~decided])), s=90,
+                   linewidths=2.5)  # hollow: the interval includes 0
         for (t, p), xi, yi in zip(pts, x, y):
-            ax.annotate(f"{p.cell} r{t.ratio:g}", (xi, yi), textcoords="offset points", xytext=(5, 4), fontsize=6)
+            ax.annotate(f"{p.cell} r{t.ratio:g}", (xi, yi), textcoords="offset points", xytext=(6, 5), fontsize=6)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.margins(x=0.3, y=0.15)
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
+        ax.yaxis.set_minor_formatter(plt.NullFormatter())
         ax.set_xlabel("dense parameters")
         ax.set_ylabel("training tokens")
-        ax.set_title(f"vs {_CONTROL_LABEL[control]} (blue: pruning wins)", fontsize=9)
+        ax.set_title(f"vs {_CONTROL_LABEL[control]} (blue: pruning wins; hollow: CI includes 0)", fontsize=9)
         ax.grid(alpha=0.3)
         fig.colorbar(sc, ax=ax, label="control − pruned (nats/token)")
     fig.tight_layout()
