@@ -123,9 +123,11 @@ def test_smoke_sweep_submitted_as_a_ray_job_lands_on_the_mlflow_server(cluster):
     runs = list(c.search_runs([exp.experiment_id], max_results=1000))
     parents = [x for x in runs if x.data.tags.get("headroom.role") == "parent"]
     children = [x for x in runs if "mlflow.parentRunId" in x.data.tags]
-    assert len(parents) == 1 and len(children) == 36  # 16 lr candidates (2 architectures), 12 trained, 8 pruned
+    # 16 lr candidates (2 architectures), 24 trained (2 budgets), 32 pruned (2 budgets × 2 timings)
+    assert len(parents) == 1 and len(children) == 72
     assert all(x.info.status == "FINISHED" for x in runs)
-    pruned = [x for x in children if x.data.tags["headroom.arm"] == "pruned"]
+    pruned = [x for x in children
+              if x.data.tags["headroom.arm"] == "pruned" and x.data.tags["headroom.prune_at"] == "1"]
     # artifacts went through the server's proxied artifact store
     files = {a.path for a in c.list_artifacts(pruned[0].info.run_id)}
     assert {"scores.json", "scores.png", "prune_curve.png"} <= files
