@@ -127,3 +127,27 @@ def test_prune_timing_rows_say_whether_early_matches_late(planted):
             np.mean([timing[(T, s, 0.0)] - timing[(T, s, 1.0)] for s in SEEDS]))
     assert "6a. Prune timing" in (out / "report.md").read_text()
     assert (out / "plots" / "timing_xs-T100_decoder_gradient.png").stat().st_size > 1000
+
+
+def test_the_sweep_summary_lists_cells_in_scale_and_budget_order():
+    """The end-of-sweep loss table: scales in preset order, each scale's budgets increasing (not as text)."""
+    from types import SimpleNamespace
+
+    from orchestration.summary import loss_table
+
+    def run(scale, steps, arm, loss):
+        tags = {"headroom.stage": "train", "headroom.arm": arm, "headroom.scale": scale, "headroom.family": "decoder",
+                "headroom.ratio": "none" if arm == "dense" else "0.5", "headroom.scope": "none", "headroom.method":
+                "none", "headroom.steps": str(steps)}
+        return SimpleNamespace(data=SimpleNamespace(tags=tags, metrics={"final/id/loss": loss}),
+                               info=SimpleNamespace(status="FINISHED"))
+
+    runs = [run(sc, T, arm, 2.0) for sc in ("s", "xs") for T in (900, 100, 300) for arm in ("dense", "scratch_e")]
+    runs += [SimpleNamespace(data=SimpleNamespace(tags={**runs[0].data.tags, "headroom.stage": "prune",
+                                                         "headroom.arm": "pruned", "headroom.method": "gradient",
+                                                         "headroom.scope": "per_layer", "headroom.ratio": "0.5"},
+                                                   metrics={"final/id/loss": 2.1}),
+                             info=SimpleNamespace(status="FINISHED"))]
+    lines = loss_table("t", runs).splitlines()
+    cells = [line.split()[0] for line in lines[4:]]
+    assert cells == ["xs-T100", "xs-T300", "xs-T900", "s-T100", "s-T300", "s-T900"], lines
