@@ -64,6 +64,14 @@ def split_label(label: str) -> tuple[str, int | None]:
     return scale, int(budget) if budget else None
 
 
+def scale_rank(label: str) -> tuple[int, int]:
+    """Scale labels in the order of the presets (xs, s, m, ...; a pretrained checkpoint last); the budgets of one
+    scale ("s-T500", "s-T1500") in increasing order."""
+    name, budget = split_label(label)
+    names = list(SCALES)
+    return (names.index(name) if name in names else len(names)), budget or 0
+
+
 class ProbeRun(ProbeSpec):
     """A dense train unit's mechanism probes: the sweep's ProbeSpec and the prune tolerance they compare with."""
 
@@ -84,6 +92,11 @@ class PruneRun(Strict):
 
 
 _PLAN_FIELDS = ("step", "finetune_steps", "finetune_lr", "finetune_lr_grid")
+# what a key hashes: the serialised unit, less its key and its budget (derived: train.steps and the dense key say
+# it); fields added after keys were first written enter only when they differ from their default, so units of
+# sweeps that do not use them keep their keys
+_NOT_HASHED = ("key", "budget")
+_HASHED_WHEN_SET = {"probes": None, "prune_at": 1.0, "snapshots": []}
 
 
 @dataclass(frozen=True)
@@ -125,11 +138,8 @@ class Unit:
                          seed=self.seed, **{k: getattr(self.prune, k) for k in _PLAN_FIELDS})
 
     def with_key(self) -> Unit:
-        # the budget is derived (train.steps and the dense key say it); timing fields enter only when set, so
-        # sweeps without them keep their keys
-        body = {k: v for k, v in self.to_dict().items() if k not in ("key", "budget")
-                and not (k == "probes" and v is None) and not (k == "prune_at" and v == 1.0)
-                and not (k == "snapshots" and not v)}
+        body = {k: v for k, v in self.to_dict().items()
+                if k not in _NOT_HASHED and not (k in _HASHED_WHEN_SET and v == _HASHED_WHEN_SET[k])}
         digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
         return replace(self, key=digest)
 
@@ -367,7 +377,9 @@ def prune_units(sweep: Sweep, dense: list[Unit]) -> list[Unit]:
         p = sweep.prune
         for at, method, ratio, scope, schedule in itertools.product(p.at, p.methods, p.ratios, p.scope, p.schedule):
             out.append(Unit("prune", "pruned", d.scale, d.family, d.seed, d.model, d.train, d.data, d.corpus_hash,
-                            d.heads, method=method, ratio=ratio, scope=scope, schedule=schedule, prune=run,
+                            d.heads, method=method, ratio=ratio, scope=scope, schedule=schedule,
+                            # the mask-only curve is of the trained model: a prune during training draws none
+                            prune=run if at == 1 else run.model_copy(update={"curve": False}),
                             dense_key=d.key, lr_source=d.lr_source, budget=d.budget, prune_at=at).with_key())
     return out
 

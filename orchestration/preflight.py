@@ -153,7 +153,7 @@ def _prune_cost(sweep: Sweep, u: Unit, plan: PrunePlan, fwd_dense: int, fwd_prun
     sets = _eval_sets(sweep)
     ev = _eval_tokens(t, t.eval_batches)
     curve = 0
-    if u.prune.curve and u.prune_at == 1:
+    if u.prune.curve:
         points = 10  # at most: the achievable fractions of the nominal 0.0 .. 0.9
         curve = points * sets * _eval_tokens(t, u.prune.curve_batches or t.eval_batches) * fwd_dense
     evals = sets * ev * (fwd_dense + fwd_pruned)  # before and after fine-tune (dense: its train trial measured)

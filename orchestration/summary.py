@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from lightning_modules.config import SCALES
-
-from .plan import WORK_KINDS, cell_label, split_label
+from .plan import WORK_KINDS, cell_label, scale_rank
 
 
 def compute_share(metrics: list[dict]) -> dict | None:
@@ -51,11 +49,7 @@ def loss_table(sweep_name: str, runs: list) -> str:
     arms = sorted({a for v in rows.values() for a in v}, key=lambda a: (a != "dense", not a.startswith("pruned"), a))
     head = ["scale", "family", "ratio", "set"] + arms
     table = [head]
-    def order(item):  # scales in preset order (xs, s, m, ...), a scale's budgets in increasing order
-        name, budget = split_label(item[0][0])
-        return (list(SCALES).index(name) if name in SCALES else len(SCALES), budget or 0, item[0][1:])
-
-    for (scale, family, ratio, split), v in sorted(rows.items(), key=order):
+    for (scale, family, ratio, split), v in sorted(rows.items(), key=lambda kv: (scale_rank(kv[0][0]), kv[0][1:])):
         table.append([scale, family, str(ratio), split] + [
             f"{statistics.fmean(v[a]):.4f} (n={len(v[a])})" if a in v else "—" for a in arms])
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]

@@ -142,17 +142,16 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
     tune.report(final, checkpoint=tune.Checkpoint.from_directory(str(out)))
 
 
-def _load_dense(uri: str, work: Path):
-    """The dense model of a prune unit and its train trial's final evaluation ({split: {loss, ppl, tokens}}, or
-    None): a finished train trial's Tune checkpoint (local path or URI), or a pretrained checkpoint directory."""
-    from lightning_modules.models import load_model
-
+def _dense_checkpoint(uri: str, work: Path):
+    """(the dense model's directory, its train trial's final evaluation ({split: {loss, ppl, tokens}}, or None),
+    the checkpoint's local directory) of a prune unit: a finished train trial's Tune checkpoint (local path or URI),
+    or a pretrained checkpoint directory."""
     ckpt = tune.Checkpoint(uri)
     local = Path(uri) if os.path.isdir(uri) else Path(ckpt.to_directory(str(work / "dense")))
     if (local / "model" / "config.json").exists():
         metrics = json.loads((local / "metrics.json").read_text()) if (local / "metrics.json").exists() else {}
-        return load_model(local / "model"), metrics.get("final"), local
-    return load_model(local), None, local
+        return local / "model", metrics.get("final"), local
+    return local, None, local
 
 
 def prune_trial(config: dict, skip: frozenset = frozenset()):
@@ -166,21 +165,16 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
     import torch
 
     from lightning_modules.data import HeadroomData
-    from lightning_modules.models import save_model
+    from lightning_modules.models import load_model, save_model
     from lightning_modules.pruning import run_prune
 
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="headroom-prune-"))
-    model, dense_eval, local = _load_dense(cfg["dense"], work)
-    if torch.cuda.is_available():
-        model = model.cuda()
+    model_dir, dense_eval, local = _dense_checkpoint(cfg["dense"], work)
     data = HeadroomData(unit.data, unit.train, unit.family).prepare()
-    if data.vocab_size > model.config.vocab_size:
-        raise HeadroomInputError(f"tokenizer has {data.vocab_size} tokens, the model {model.config.vocab_size}")
     plan, run = unit.plan, unit.prune
-    # latency is a side measurement here (benchmarks/prune_speed.py measures it properly): a few passes suffice
     # the dense model's losses on these very windows were measured by its train trial: not measured again
-    if unit.prune_at < 1:  # prune the dense run's checkpoint at p·T, train on to T, then recover
+    if unit.prune_at < 1:  # prune the dense run's own checkpoint at p·T, train on to T, then recover
         from lightning_modules.early import prune_and_continue
 
         step = snapshot_step(unit.prune_at, unit.train.steps)
@@ -188,6 +182,12 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
                                           eval_batches=unit.train.eval_batches,
                                           calibration_batches=run.calibration_batches, dense_eval=dense_eval)
     else:
+        model = load_model(model_dir)
+        if torch.cuda.is_available():
+            model = model.cuda()
+        if data.vocab_size > model.config.vocab_size:
+            raise HeadroomInputError(f"tokenizer has {data.vocab_size} tokens, the model {model.config.vocab_size}")
+        # latency is a side measurement here (benchmarks/prune_speed.py measures it properly): a few passes suffice
         pruned, _, m = run_prune(model, data, plan, eval_batches=unit.train.eval_batches,
                                  calibration_batches=run.calibration_batches, curve=run.curve,
                                  curve_batches=run.curve_batches, latency_repeats=LATENCY_REPEATS,

@@ -7,9 +7,9 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from lightning_modules.config import CONTROLS, SCALES, prunable_fraction, within_tolerance
+from lightning_modules.config import CONTROLS, prunable_fraction, within_tolerance
 
-from ..plan import split_label
+from ..plan import scale_rank
 from .read import Run, Windows
 from .rows import Comparison, CurvePoint, Prunable
 from .stats import ALPHA, holm, paired, t_interval, verdict_of
@@ -29,14 +29,6 @@ def eval_sets(runs: list[Run]) -> list[str]:
     sets = {k.split("/")[1] for r in runs for k in r.metrics if k.startswith("final/") and k.endswith("/loss")}
     sets.discard("val")
     return sorted(sets, key=lambda s: (s != "id", s))
-
-
-def scale_rank(scale: str) -> tuple[int, int]:
-    """Scales in the order of the presets (xs, s, m, ...; a pretrained checkpoint last); the budgets of one scale
-    ("s-T500", "s-T1500") in increasing order."""
-    name, budget = split_label(scale)
-    names = list(SCALES)
-    return (names.index(name) if name in names else len(names)), budget or 0
 
 
 def by_scale(groups: dict) -> list:

@@ -15,6 +15,17 @@ def _plt():
     return plt
 
 
+def _save(fig, path: str | Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path)
+    _plt().close(fig)
+
+
+def _yerr(y, cis) -> list[list[float]]:
+    """Error-bar lengths below and above each mean from its 95% interval (0 where there is none)."""
+    return [[m - c[0] if c else 0 for m, c in zip(y, cis)], [c[1] - m if c else 0 for m, c in zip(y, cis)]]
+
+
 def heatmap(scores: list[list[float | None]], path: str | Path, title: str) -> None:
     """Layers × heads, one cell per head; empty cells are heads a layer does not have."""
     plt = _plt()
@@ -30,9 +41,7 @@ def heatmap(scores: list[list[float | None]], path: str | Path, title: str) -> N
     ax.set_yticks(range(a.shape[0]))
     ax.set_title(f"{title}\n(higher = more important)", fontsize=9)
     fig.colorbar(im, ax=ax, label="importance")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def prune_curve_plot(rows: list[dict], sets: list[str], path: str | Path, title: str) -> None:
@@ -46,9 +55,7 @@ def prune_curve_plot(rows: list[dict], sets: list[str], path: str | Path, title:
     ax.set_title(title, fontsize=9)
     ax.legend(title="eval set")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)
 
 
 _CONTROL_LABEL = {"scratch_e": "Scratch-E", "scratch_b": "Scratch-B", "wide": "wide"}
@@ -85,9 +92,7 @@ def forest_plot(rows: list, path: str | Path) -> None:
     ax.legend(handles=handles, fontsize=7, loc="best")
     ax.grid(axis="x", alpha=0.3)
     ax.set_title("pruned vs controls, paired by seed (mean, 95% t-interval)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def curves_plot(rows: list, tolerance: float, path: str | Path, title: str) -> None:
@@ -123,9 +128,7 @@ def curves_plot(rows: list, tolerance: float, path: str | Path, title: str) -> N
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def scales_plot(fits: list, path: str | Path) -> None:
@@ -137,10 +140,8 @@ def scales_plot(fits: list, path: str | Path) -> None:
     for i, f in enumerate(fits):
         x = np.array(f.params, dtype=float)
         y = np.array(f.diff_mean, dtype=float)
-        lo = [y[j] - c[0] if c else 0 for j, c in enumerate(f.ci95)]
-        hi = [c[1] - y[j] if c else 0 for j, c in enumerate(f.ci95)]
         label = f"{f.family} r{f.ratio:g} vs {_CONTROL_LABEL[f.control]}"
-        line = ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, lw=0, elinewidth=1, label=label)
+        line = ax.errorbar(x, y, yerr=_yerr(y, f.ci95), marker="o", capsize=3, lw=0, elinewidth=1, label=label)
         if f.slope is not None:
             xs = np.log10(x)
             b = y.mean() - f.slope * xs.mean()
@@ -154,9 +155,7 @@ def scales_plot(fits: list, path: str | Path) -> None:
     ax.set_title("does pruning's advantage grow with scale? (primary comparison, id)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def _band(ax, points: list, color, label: str) -> None:
@@ -184,9 +183,7 @@ def probes_plot(probes: dict, path: str | Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("importance over training (mean over seeds, 95% band)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def redundancy_plot(pairs: dict, path: str | Path) -> None:
@@ -207,9 +204,7 @@ def redundancy_plot(pairs: dict, path: str | Path) -> None:
     ax.set_title("head redundancy (1 = heads linearly equivalent)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def timing_plot(rows: list, path: str | Path, title: str) -> None:
@@ -237,9 +232,7 @@ def timing_plot(rows: list, path: str | Path, title: str) -> None:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def trend_plot(trends: list, axis: str, path: str | Path) -> None:
@@ -253,9 +246,7 @@ def trend_plot(trends: list, axis: str, path: str | Path) -> None:
         pts = sorted(t.points, key=lambda p: p.tokens_per_param if axis == "tokens_per_param" else p.params)
         x = np.array([p.tokens_per_param if axis == "tokens_per_param" else p.params for p in pts], dtype=float)
         y = np.array([p.diff_mean for p in pts], dtype=float)
-        lo = [y[j] - p.ci95[0] if p.ci95 else 0 for j, p in enumerate(pts)]
-        hi = [p.ci95[1] - y[j] if p.ci95 else 0 for j, p in enumerate(pts)]
-        line = ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, lw=0, elinewidth=1,
+        line = ax.errorbar(x, y, yerr=_yerr(y, [p.ci95 for p in pts]), marker="o", capsize=3, lw=0, elinewidth=1,
                            label=f"{t.family} r{t.ratio:g} vs {_CONTROL_LABEL[t.control]} "
                                  f"({t.slope:+.3f}/decade)")
         color = line[0].get_color()
@@ -276,9 +267,7 @@ def trend_plot(trends: list, axis: str, path: str | Path) -> None:
                  else "primary gap against model size", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def budget_map(trends: list, path: str | Path) -> None:
@@ -316,6 +305,4 @@ def budget_map(trends: list, path: str | Path) -> None:
         ax.set_title(f"vs {_CONTROL_LABEL[control]} (blue: pruning wins; hollow: CI includes 0)", fontsize=9)
         ax.grid(alpha=0.3)
         fig.colorbar(sc, ax=ax, label="control − pruned (nats/token)")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 from lightning_modules.config import DEFAULT_TOLERANCE, HeadroomInputError
 
+from ..plan import scale_rank
 from ..spec import TrustSpec
-from .analysis import PRIMARY, best_methods, comparisons, prunable, prunable_fractions, prune_curves, scale_rank
+from .analysis import PRIMARY, best_methods, comparisons, prunable, prunable_fractions, prune_curves
 from .diagnostics import Diagnostic, diagnose, untrustworthy
 from .read import SweepRuns, Windows
 from .render import fmt_ci, fmt_p
