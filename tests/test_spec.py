@@ -457,3 +457,17 @@ def test_a_unit_that_cannot_be_built_stops_the_plan_and_the_sweep_before_anythin
         assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
     r = _plan(tmp_path, GOOD, "--json")
     assert r.returncode == 2 and "--json: only with --plan" in r.stderr
+
+
+def test_unit_keys_are_those_earlier_versions_wrote():
+    """A key is how `--resume` and a rerun find a unit's MLflow run: the keys below were written by the code before
+    units carried typed configs and before budgets and prune timings existed; a sweep that uses neither must keep
+    them."""
+    from orchestration.plan import prune_units, train_units
+    from orchestration.spec import load_sweep
+
+    sweep, _ = load_sweep(ROOT / "sweeps" / "quickstart.yaml")
+    trained = train_units(sweep, "hashX")
+    pruned = prune_units(sweep, [u for u in trained if u.arm == "dense"])
+    assert (trained[0].name, trained[0].key) == ("xs-decoder-dense-s0", "087182feec5e66eb")
+    assert (pruned[0].name, pruned[0].key) == ("xs-decoder-pruned-gradient-r0.5-s0", "02c7b9a2e09aac8a")
