@@ -294,7 +294,10 @@ def test_network_policy_admits_only_ray_pods_to_mlflow():
     pol = next(o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "mlflow-ingress")
     assert pol["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "mlflow"}
     froms = [f for rule in pol["spec"]["ingress"] for f in rule["from"]]
-    assert froms == [{"podSelector": {"matchLabels": {"ray.io/is-ray-node": "yes"}}}]
+    assert froms == [{"podSelector": {"matchLabels": {"ray.io/is-ray-node": "yes"}}},
+                     {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "mlflow-users"}}}]
+    users = next(o for o in objs if o["kind"] == "Job" and o["metadata"]["name"] == "mlflow-users")
+    assert users["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "mlflow-users"
     # and the selectors select something: the MLflow pods carry the label
     dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "mlflow")
     assert dep["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "mlflow"
@@ -494,3 +497,71 @@ def test_install_script_in_a_fresh_venv(tmp_path):
     where = subprocess.run([str(py), "-c", "import orchestration; print(orchestration.__file__)"],
                            capture_output=True, text=True, cwd=tmp_path).stdout
     assert where.startswith(site), where  # headroom from the venv, not from this checkout
+
+
+def _env(container) -> dict:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_ray_pods_hold_their_own_logins_and_share_one_cache_volume():
+    """No Ray pod sees MLflow's admin or MinIO's root (they log in as the sweep user and the Tune-bucket user the
+    setup Jobs create from the same Secrets), and HEADROOM_CACHE lies on the one ReadWriteMany claim every Ray pod
+    mounts (the dev overlay, on one node, uses ReadWriteOnce)."""
+    admin = {"mlflow-credentials", "minio-credentials"}
+    seen = 0
+    for target, obj in all_objects():
+        if obj["kind"] not in RAY_KINDS:
+            continue
+        for where, pod in pod_specs(obj):
+            if where.endswith("submitter"):
+                continue
+            c = pod["containers"][0]
+            env = _env(c)
+            refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in env.values() if "valueFrom" in e}
+            assert refs == {"mlflow-sweep-credentials", "minio-tune-credentials"}, (target, where, refs)
+            assert not refs & admin
+            cache = env["HEADROOM_CACHE"]["value"]
+            mount = next(m for m in c["volumeMounts"] if cache.startswith(m["mountPath"].rstrip("/") + "/"))
+            vol = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+            assert vol.get("persistentVolumeClaim", {}).get("claimName") == "headroom-cache", (target, where)
+            seen += 1
+    assert seen >= 8
+    base = next(o for o in render("overlays/gpu") if o["kind"] == "PersistentVolumeClaim")
+    assert base["metadata"]["name"] == "headroom-cache" and base["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert base["spec"]["storageClassName"] in _readme_section() and "k8s/base/kustomization.yaml" in _readme_section()
+    dev = next(o for o in render("overlays/dev") if o["kind"] == "PersistentVolumeClaim")
+    assert dev["spec"]["accessModes"] == ["ReadWriteOnce"] and "storageClassName" not in dev["spec"]
+
+
+def test_the_setup_jobs_create_the_ray_pods_logins_from_the_same_secrets():
+    """The Ray pods' MinIO keys are the user the bucket Job creates and attaches the Tune policy to; their MLflow
+    login is the user the mlflow-users Job creates (both scripts are executed in tests/test_cluster.py)."""
+    objs = render("overlays/dev")
+    jobs = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Job"}
+    ray = _env(next(o for o in objs if o["kind"] == "RayCluster")["spec"]["headGroupSpec"]["template"]["spec"]
+               ["containers"][0])
+    buckets = jobs["minio-buckets"]["spec"]["template"]["spec"]
+    env = _env(buckets["containers"][0])
+    for var, key in (("TUNE_ACCESS_KEY", "AWS_ACCESS_KEY_ID"), ("TUNE_SECRET_KEY", "AWS_SECRET_ACCESS_KEY")):
+        assert env[var]["valueFrom"] == ray[key]["valueFrom"]
+    script = buckets["containers"][0]["args"][0]
+    assert 'mc admin user add store "$TUNE_ACCESS_KEY" "$TUNE_SECRET_KEY"' in script
+    assert "mc admin policy attach store headroom-tune --user \"$TUNE_ACCESS_KEY\"" in script
+    policy_file = re.search(r"mc admin policy create store headroom-tune (\S+)", script).group(1)
+    mount = next(m for m in buckets["containers"][0]["volumeMounts"] if policy_file.startswith(m["mountPath"]))
+    cm_name = next(v for v in buckets["volumes"] if v["name"] == mount["name"])["configMap"]["name"]
+    cm = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == cm_name)
+    import json
+
+    policy = json.loads(cm["data"][Path(policy_file).name])
+    resources = {r for s in policy["Statement"] for r in s["Resource"]}
+    assert resources == {"arn:aws:s3:::headroom-tune", "arn:aws:s3:::headroom-tune/*"}
+    users = jobs["mlflow-users"]["spec"]["template"]["spec"]
+    env = _env(users["containers"][0])
+    assert env["SWEEP_USERNAME"]["valueFrom"] == ray["MLFLOW_TRACKING_USERNAME"]["valueFrom"]
+    assert env["SWEEP_PASSWORD"]["valueFrom"] == ray["MLFLOW_TRACKING_PASSWORD"]["valueFrom"]
+    assert env["MLFLOW_TRACKING_USERNAME"]["valueFrom"]["secretKeyRef"]["name"] == "mlflow-credentials"
+    script = users["containers"][0]["command"][-1]
+    cm_name = next(v for v in users["volumes"] if "configMap" in v)["configMap"]["name"]
+    cm = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == cm_name)
+    assert cm["data"][Path(script).name] == (K8S / "base" / "files" / Path(script).name).read_text()
