@@ -23,11 +23,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunStatus, RunTag
-from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from .plan import DONE, HISTORY, KEPT, RESUMED, WINDOWS_FILE, WORK, Unit
-from .runstore import search_runs
+from .runstore import mlflow_client, search_runs
 
 PACKAGES = ("headroom", "torch", "transformers", "pytorch-lightning", "ray", "mlflow", "optuna", "datasets")
 FINISHED = RunStatus.to_string(RunStatus.FINISHED)
@@ -66,7 +65,7 @@ class Tracker:
 
     def __init__(self, uri: str, sweep_name: str, spec_hash: str):
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = mlflow_client(uri)
         exp = self.client.get_experiment_by_name(sweep_name)
         if exp is None:
             root = _local_artifact_root(uri)

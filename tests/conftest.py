@@ -1,4 +1,5 @@
-"""Shared fixtures: one CLI-trained xs decoder and one xs encoder for the whole session (CI stays fast)."""
+"""Shared fixtures: one CLI-trained xs decoder and one xs encoder, one local smoke sweep, and one production stack
+(benchmarks/stack.py) for the whole session (CI stays fast)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # stack.py: the production configuration on loopback
 TRAIN_STEPS = 300  # the xs default; at 150 steps some heads still hurt the loss (negative ablation scores)
 ENCODER_STEPS = 250  # masked LM gets a loss signal from 15% of positions only
 
@@ -60,3 +63,30 @@ def xs_encoder(cache_dir):
 
     return train_lm(model_config_for("xs", "encoder"), train_config_for("xs", steps=ENCODER_STEPS, seed=0, eval_batches=16),
                     DataConfig(), progress=False)
+
+
+@pytest.fixture(scope="session")
+def smoke(tmp_path_factory, cache_dir):
+    """`headroom sweep sweeps/smoke.yaml` with the defaults (local Ray in-process, MLflow in ./mlflow.db)."""
+    cwd = tmp_path_factory.mktemp("smoke")
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "sweep", str(ROOT / "sweeps" / "smoke.yaml")],
+                       cwd=cwd, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return {"cwd": cwd, "stdout": r.stdout, "seconds": time.time() - t0}
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    """PostgreSQL, S3 and MLflow as k8s/ configures them, on loopback (Ray nodes: `stack.start_ray()`)."""
+    from stack import Stack, missing
+
+    why = missing()
+    if why:
+        pytest.skip(why)
+    s = Stack(tmp_path_factory.mktemp("stack"))
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()

@@ -56,15 +56,6 @@ def steps_of(c, run, metric="train/loss"):
 # ------------------------------------------------------------------------------------------- smoke sweep
 
 
-@pytest.fixture(scope="session")
-def smoke(tmp_path_factory, cache_dir):
-    cwd = tmp_path_factory.mktemp("smoke")
-    t0 = time.time()
-    r = run_sweep(cwd, ROOT / "sweeps" / "smoke.yaml")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return {"cwd": cwd, "stdout": r.stdout, "seconds": time.time() - t0}
-
-
 def test_smoke_sweep_one_parent_and_every_unit_a_child_with_the_contract(smoke):
     c = client(smoke["cwd"])
     parents, children = split(runs_of(c, "smoke"))

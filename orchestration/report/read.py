@@ -15,7 +15,7 @@ from pathlib import Path
 from lightning_modules.config import HeadroomInputError
 
 from ..plan import WINDOWS_FILE, cell_label, expected_names
-from ..runstore import search_runs
+from ..runstore import mlflow_client, search_runs
 from ..spec import Sweep
 
 
@@ -72,11 +72,9 @@ class SweepRuns:
 
 def client(uri: str):
     """An MlflowClient for `uri`; a SQLite store that does not exist is bad input (not created)."""
-    from mlflow.tracking import MlflowClient
-
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         raise HeadroomInputError(f"no MLflow store at {uri[len('sqlite:///'):]} (pass --tracking-uri)")
-    return MlflowClient(tracking_uri=uri)
+    return mlflow_client(uri)
 
 
 def _download_json(uri: str, run_id: str, path: str):
