@@ -200,9 +200,44 @@ def test_every_container_is_pinned_non_root_and_limited():
     assert seen >= 15
 
 
+def _lock(kind: str) -> dict[str, str]:
+    """name (normalised) -> pinned version of k8s/images/requirements-<kind>.lock."""
+    out = {}
+    for line in (K8S / "images" / f"requirements-{kind}.lock").read_text().splitlines():
+        if line.strip() and not line.startswith(("#", "--")):
+            name, version = line.split("==")
+            out[re.sub(r"\[.*\]", "", name).lower().replace("_", "-")] = version
+    return out
+
+
 def _lock_ray() -> str:
-    text = (K8S / "images" / "requirements.lock").read_text()
-    return re.search(r"^ray(?:\[[^\]]*\])?==([\w.]+)", text, re.MULTILINE).group(1)
+    rays = {_lock(k)["ray"] for k in ("cpu", "gpu")}
+    assert len(rays) == 1, rays
+    return rays.pop()
+
+
+def test_one_lock_per_image_from_the_matching_torch_index():
+    """The CPU image's lock takes torch from PyTorch's CPU index and holds no CUDA runtime and no triton; the GPU
+    image's takes PyPI's torch (built for CUDA 13.0) with every CUDA wheel pinned to that one major version; both
+    pin everything else alike. The GPU image is the same CPU base: the CUDA runtime comes from the lock only."""
+    cpu, gpu = _lock("cpu"), _lock("gpu")
+    cuda = re.compile(r"^(nvidia-|cuda-|triton$)")
+    assert not [n for n in cpu if cuda.match(n)]
+    assert cpu["torch"] == "2.13.0+cpu"
+    head = (K8S / "images" / "requirements-cpu.lock").read_text()
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in head.splitlines()
+    assert gpu["torch"] == "2.13.0" and "--extra-index-url" not in (K8S / "images" / "requirements-gpu.lock").read_text()
+    extra = {n: v for n, v in gpu.items() if n not in cpu}
+    assert {"nvidia-cuda-runtime", "cuda-toolkit", "nvidia-cudnn-cu13", "nvidia-nccl-cu13", "triton"} <= set(extra)
+    assert all(cuda.match(n) for n in extra), extra
+    assert extra["nvidia-cuda-runtime"].split(".")[0] == extra["cuda-toolkit"].split(".")[0] == "13"
+    assert not [n for n in extra if re.search(r"-cu(\d+)$", n) and not n.endswith("-cu13")]
+    assert {n: v for n, v in gpu.items() if n in cpu and n != "torch"} == {n: v for n, v in cpu.items() if n != "torch"}
+    dockerfile = (K8S / "images" / "headroom.Dockerfile").read_text()
+    assert re.search(r"^ARG BASE=rayproject/ray:[\w.]+-py311-cpu$", dockerfile, re.MULTILINE)  # no CUDA of its own
+    assert "--build-arg LOCK=requirements-gpu.lock" in dockerfile and "--build-arg BASE" not in dockerfile
+    assert re.search(r"NVIDIA_DRIVER_CAPABILITIES=compute,utility", dockerfile)
+    assert "driver" in _readme_section() and "580" in _readme_section()
 
 
 def test_ray_version_matches_the_lock_and_the_image_base():
@@ -221,7 +256,7 @@ def test_images_run_the_install_script_as_a_numeric_non_root_user():
         users = re.findall(r"^USER (\S+)", text, re.MULTILINE)
         assert users and re.fullmatch(r"[1-9]\d*(:\d+)?", users[-1]), (name, users)
     text = (K8S / "images" / "headroom.Dockerfile").read_text()
-    assert "k8s/images/install.sh" in text and "requirements.lock" in text
+    assert "k8s/images/install.sh" in text and "requirements-cpu.lock" in text and "requirements-gpu.lock" in text
     images = {c["image"] for _, o in all_objects() for _, pod in pod_specs(o) for c in containers(pod)}
     assert "ghcr.io/headroom-project/mlflow:3.17.2" in images
     assert re.search(r"'mlflow\[auth\]==3\.17\.2' 'psycopg\[binary\]==\S+' boto3==",
