@@ -179,7 +179,8 @@ class Unit:
         """MLflow params: the numbers a reader compares runs by (the UI's columns)."""
         t = self.train
         p = {"steps": t.steps, "lr": t.lr, "lr_source": self.lr_source, "batch_size": t.batch_size,
-             "seq_len": t.seq_len, "corpus_hash": self.corpus_hash, "data": self.data.source}
+             "seq_len": t.seq_len, "val_every": min(t.val_every, t.steps), "corpus_hash": self.corpus_hash,
+             "data": self.data.source}
         if self.model:
             m = self.model
             p.update(d_model=m.d_model, n_layers=m.n_layers, head_dim=m.head_dim, n_heads=m.n_heads,

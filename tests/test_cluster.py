@@ -1,144 +1,101 @@
-"""A real Ray cluster on loopback — `ray start --head` plus a second `ray start --address` worker node, token
-auth on — and a real `mlflow server`; the smoke sweep submitted with `ray job submit`, as a user on a cluster
-would. Every process the test starts is stopped at the end."""
+"""The production configuration with Ray, executed: the session's stack (benchmarks/stack.py: PostgreSQL, S3 with
+IAM enforced, MLflow with basic auth, all as k8s/ configures them) plus a Ray head and a worker node with token
+auth, whose environment is the RayCluster head container's — the sweep user's MLflow login, the Tune user's S3
+keys. The smoke sweep is submitted with `ray job submit` on s3:// storage while the fault campaign
+(benchmarks/faults.py) injects one fault of each kind; then the audit, and `headroom report` read back through the
+authenticated server against the local default run of the same sweep."""
 
 from __future__ import annotations
 
+import json
 import os
-import secrets
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
-BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, seconds: float = 120, headers: dict | None = None) -> None:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=3).read()
-            return
-        except Exception:
-            time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer within {seconds} s")
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, cache_dir):
-    work = tmp_path_factory.mktemp("cluster")
-    temp_dir = tempfile.mkdtemp(prefix="hr-ray-", dir="/tmp")  # short: Ray's socket paths have a length limit
-    worker_temp = tempfile.mkdtemp(prefix="hr-rayw-", dir="/tmp")
-    token = secrets.token_hex(32)
-    gcs, dash, mlflow_port = free_port(), free_port(), free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0",
-           "PATH": f"{BIN}:{os.environ['PATH']}"}
-    env.pop("RAY_ADDRESS", None)
-    common = ["--num-cpus", "1", "--object-store-memory", str(100 * 1024 * 1024), "--node-ip-address", "127.0.0.1",
-              "--disable-usage-stats"]
-    procs: list[subprocess.Popen] = []
-    started_head = False
+def cluster(stack):
+    ray = stack.start_ray()
     try:
-        # the MLflow server starts while the Ray nodes do
-        backend = f"sqlite:///{work / 'mlflow-server.db'}"
-        log = open(work / "mlflow-server.log", "w")
-        procs.append(subprocess.Popen(
-            [BIN / "mlflow", "server", "--host", "127.0.0.1", "--port", str(mlflow_port), "--backend-store-uri",
-             backend, "--artifacts-destination", str(work / "artifacts"), "--workers", "1"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        r = subprocess.run([BIN / "ray", "start", "--head", "--port", str(gcs), "--dashboard-host", "127.0.0.1",
-                            "--dashboard-port", str(dash), "--temp-dir", temp_dir, *common],
-                           env=env, capture_output=True, text=True, timeout=180)
-        started_head = True
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-        # its own temp dir: two raylets on one machine must not share (and garbage-collect) runtime_resources/
-        r = subprocess.run([BIN / "ray", "start", "--address", f"127.0.0.1:{gcs}", "--temp-dir", worker_temp, *common],
-                           env=env, capture_output=True, text=True, timeout=180)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-        wait_http(f"http://127.0.0.1:{mlflow_port}/health")
-        wait_http(f"http://127.0.0.1:{dash}/api/version", headers={"Authorization": f"Bearer {token}"})
-        yield {"env": env, "dash": f"http://127.0.0.1:{dash}", "mlflow": f"http://127.0.0.1:{mlflow_port}",
-               "work": work, "gcs": gcs}
+        yield stack
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, 15)
-                p.wait(30)
-            except Exception:
-                os.killpg(p.pid, 9)
-        if started_head:
-            subprocess.run([BIN / "ray", "stop", "--force", "--grace-period", "2"], env=env, capture_output=True,
-                           timeout=120)
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        shutil.rmtree(worker_temp, ignore_errors=True)
+        ray.stop()
+        stack.ray = None
 
 
-def test_cluster_has_two_nodes_and_demands_the_token(cluster):
-    import json
+@pytest.fixture(scope="module")
+def campaign(cluster, cache_dir):
+    from faults import Campaign
 
-    r = subprocess.run([BIN / "ray", "list", "nodes", "--address", f"127.0.0.1:{cluster['gcs']}", "--format", "json"],
-                       env=cluster["env"], capture_output=True, text=True, timeout=120)
+    c = Campaign(cluster, ROOT / "sweeps" / "smoke.yaml", n_faults=5, seed=0, say=lambda m: print(m, flush=True))
+    res = c.run(timeout=1500)
+    res["logs"] = c.logs(c.jobs[-1])
+    return res
+
+
+def test_cluster_has_two_nodes_and_refuses_a_missing_or_wrong_token(cluster):
+    ray = cluster.ray
+    r = ray.ray("list", "nodes", "--address", ray.address, "--format", "json", timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    nodes = [n for n in json.loads(r.stdout) if n["state"] == "ALIVE"]
-    assert len(nodes) == 2
-    # the job API refuses a caller without the token
-    anon = {k: v for k, v in cluster["env"].items() if k not in ("RAY_AUTH_TOKEN",)}
-    anon["RAY_AUTH_MODE"] = "disabled"
-    r = subprocess.run([BIN / "ray", "job", "list", "--address", cluster["dash"]], env=anon, capture_output=True,
-                       text=True, timeout=120)
+    assert len([n for n in json.loads(r.stdout) if n["state"] == "ALIVE"]) == 2
+    assert ray.ray("job", "list", "--address", ray.dashboard).returncode == 0
+    anon = {k: v for k, v in ray.env.items() if k != "RAY_AUTH_TOKEN"}
+    wrong = {**ray.env, "RAY_AUTH_TOKEN": "0" * 64}
+    for env in ({**anon, "RAY_AUTH_MODE": "disabled"}, anon, wrong):
+        r = ray.ray("job", "list", "--address", ray.dashboard, env=env)
+        assert r.returncode != 0, (env.get("RAY_AUTH_MODE"), r.stdout[-500:])
+    r = ray.ray("job", "submit", "--address", ray.dashboard, "--", "true", env=wrong)
     assert r.returncode != 0
 
 
-def test_smoke_sweep_submitted_as_a_ray_job_lands_on_the_mlflow_server(cluster):
-    storage = cluster["work"] / "storage"
-    sid = f"headroom-smoke-{secrets.token_hex(4)}"
-    entry = (f"headroom sweep sweeps/smoke.yaml --tracking-uri {cluster['mlflow']} --storage {storage}")
-    r = subprocess.run([BIN / "ray", "job", "submit", "--address", cluster["dash"], "--submission-id", sid,
-                        "--working-dir", str(ROOT), "--", *entry.split()],
-                       env=cluster["env"], capture_output=True, text=True, timeout=900)
-    status = subprocess.run([BIN / "ray", "job", "status", "--address", cluster["dash"], sid], env=cluster["env"],
-                            capture_output=True, text=True, timeout=120)
-    assert f"Job '{sid}' succeeded" in status.stdout, r.stdout[-4000:] + r.stderr[-2000:] + status.stdout
-    assert "mean final loss" in r.stdout  # the driver's summary, in the job's log
+def test_the_faulted_sweep_loses_and_duplicates_nothing(campaign):
+    """One fault of each kind (a trial worker and the driver killed -9, MLflow, PostgreSQL and S3 restarted)."""
+    assert campaign["faults_injected"] == 5, campaign["faults"]
+    assert {f["kind"] for f in campaign["faults"]} == {"worker", "driver", "mlflow", "postgres", "s3"}
+    assert campaign["resubmissions"] >= 1  # the driver kill: `headroom sweep --resume` as a new job
+    assert campaign["units_expected"] == 72 and campaign["parent_runs"] == 1
+    bad = {k: campaign[k] for k in ("units_lost", "duplicate_runs", "duplicate_steps", "missing_steps",
+                                    "missing_artifacts")}
+    assert bad == dict.fromkeys(bad, 0), {k: campaign[k] for k in ("lost", "duplicated", "duplicated_steps",
+                                                                  "missing", "missing_files")}
+    assert campaign["units_finished"] == 72 and campaign["meets_goal"] is True
+    assert "mean final loss" in campaign["logs"]  # the last driver's summary, in its job's log
 
-    from mlflow.tracking import MlflowClient
 
-    c = MlflowClient(tracking_uri=cluster["mlflow"])
-    exp = c.get_experiment_by_name("smoke")
-    runs = list(c.search_runs([exp.experiment_id], max_results=1000))
-    parents = [x for x in runs if x.data.tags.get("headroom.role") == "parent"]
-    children = [x for x in runs if "mlflow.parentRunId" in x.data.tags]
-    # 16 lr candidates (2 architectures), 24 trained (2 budgets), 32 pruned (2 budgets × 2 timings)
-    assert len(parents) == 1 and len(children) == 72
-    assert all(x.info.status == "FINISHED" for x in runs)
-    pruned = [x for x in children
-              if x.data.tags["headroom.arm"] == "pruned" and x.data.tags["headroom.prune_at"] == "1"]
-    # artifacts went through the server's proxied artifact store
-    files = {a.path for a in c.list_artifacts(pruned[0].info.run_id)}
-    assert {"scores.json", "scores.png", "prune_curve.png"} <= files
-    assert any((cluster["work"] / "artifacts").rglob("scores.png"))
-    # checkpoints of the train stage sit in the storage path both nodes share
-    assert any(storage.glob("smoke-*-train-*/*/checkpoint_*"))
-    # and the trials (Tune's function actors) ran on both nodes
-    import json
+def test_the_report_through_the_authenticated_server_finds_the_local_runs_verdict(campaign, cluster, smoke, tmp_path):
+    login = cluster.sweep_login
+    env = {**os.environ, "MLFLOW_TRACKING_USERNAME": login[0], "MLFLOW_TRACKING_PASSWORD": login[1]}
+    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "report", "--sweep", "smoke", "--tracking-uri",
+                        cluster.mlflow.url], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads((tmp_path / "reports" / "smoke" / "verdict.json").read_text())
+    ref = json.loads((smoke["cwd"] / "reports" / "smoke" / "verdict.json").read_text())
+    assert got["spec_hash"] == ref["spec_hash"]
+    ident = lambda c: tuple(str(c.get(k)) for k in ("scale", "family", "ratio", "method", "scope", "schedule",
+                                                    "control", "eval_set", "steps", "prune_at", "finetune_steps"))
+    a, b = {ident(c): c for c in got["comparisons"]}, {ident(c): c for c in ref["comparisons"]}
+    assert a.keys() == b.keys() and len(a) == len(got["comparisons"])
+    for k in a:
+        assert a[k]["verdict"] == b[k]["verdict"], k
+        for f in ("dense_loss", "pruned_loss", "control_loss", "diff_mean"):
+            assert a[k][f] == pytest.approx(b[k][f], abs=2e-3), (k, f)
+    assert [p["verdict"] for p in got["prunable"]] == [p["verdict"] for p in ref["prunable"]]
 
-    r = subprocess.run([BIN / "ray", "list", "actors", "--address", f"127.0.0.1:{cluster['gcs']}", "--filter",
-                        "class_name=ImplicitFunc", "--detail", "--format", "json", "--limit", "1000"],
-                       env=cluster["env"], capture_output=True, text=True, timeout=120)
+
+def test_checkpoints_lie_in_s3_and_trials_ran_on_both_nodes(campaign, cluster):
+    tune = cluster.s3.client("s3", cluster.s3.tune_keys)
+    prefix = campaign["storage"].split("headroom-tune/", 1)[1] + "/"
+    keys = [o["Key"] for page in tune.get_paginator("list_objects_v2").paginate(Bucket="headroom-tune", Prefix=prefix)
+            for o in page.get("Contents", [])]
+    assert any("-train-" in k and "/checkpoint_" in k for k in keys), keys[:20]
+    ray = cluster.ray
+    r = ray.ray("list", "actors", "--address", ray.address, "--filter", "class_name=ImplicitFunc", "--detail",
+                "--format", "json", "--limit", "1000", timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert len({a["address"]["node_id"] if "address" in a else a["node_id"] for a in json.loads(r.stdout)}) == 2
+    nodes = {a["address"]["node_id"] if "address" in a else a["node_id"] for a in json.loads(r.stdout)}
+    assert len(nodes) == 2

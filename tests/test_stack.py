@@ -120,6 +120,14 @@ def test_the_auth_config_names_the_manifests_auth_database(stack):
     cfg.read(stack.mlflow.cfg / "basic_auth.ini")
     assert cfg["mlflow"]["database_uri"].endswith("/mlflow_auth")
     assert cfg["mlflow"]["default_permission"] == "READ"
+    # MLflow reads the credential cache's lifetime from it: a sweep's requests skip the scrypt check within it
+    from mlflow.server.auth.config import read_auth_config
+
+    os.environ["MLFLOW_AUTH_CONFIG_PATH"] = str(stack.mlflow.cfg / "basic_auth.ini")
+    try:
+        assert read_auth_config().auth_cache_ttl_seconds == 60
+    finally:
+        del os.environ["MLFLOW_AUTH_CONFIG_PATH"]
 
 
 def test_the_sweep_user_logs_runs_but_is_no_admin(stack, monkeypatch):

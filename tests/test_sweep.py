@@ -118,6 +118,7 @@ def test_smoke_sweep_logs_every_training_step_once(smoke):
         T = int(r.data.params["steps"])
         assert steps_of(c, r) == list(range(1, T + 1)), r.info.run_name
         assert steps_of(c, r, "val/loss") == [s for s in range(20, T + 1, 20)]
+        assert r.data.params["val_every"] == "20"  # what the fault campaign's audit checks the steps against
 
 
 def test_smoke_scratch_b_gets_the_compute_of_the_pruned_arm(smoke):

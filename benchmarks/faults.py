@@ -1,0 +1,380 @@
+"""Fault campaign: a sweep on the production stack (benchmarks/stack.py: PostgreSQL, S3, MLflow with basic auth,
+a Ray head and worker with token auth), submitted with `ray job submit` on s3:// storage, with faults injected at
+random points, then an audit of what MLflow holds.
+
+Faults (kinds drawn so that each appears before any repeats, times drawn at random):
+  worker    kill -9 of a Ray worker process that is running a trial (Tune retries it from its checkpoint)
+  driver    kill -9 of the sweep's driver, then `headroom sweep --resume` submitted as a new job
+  mlflow    the MLflow server stopped and started again
+  postgres  PostgreSQL stopped (fast shutdown) and started again
+  s3        the S3 server stopped and started again (its state kept, as MinIO's volume keeps it)
+
+The audit, against the sweep's plan (`headroom sweep FILE --plan`): units expected, finished, lost; runs sharing a
+unit key (duplicate_runs); a stepped metric logged twice at one step (duplicate_steps); train/loss and train/lr at
+every optimizer step 1..T of a training run and val/loss at every validation step (missing_steps); each finished unit's
+artifacts listed and readable through the server (missing_artifacts); and per fault the seconds until the sweep
+made progress again (another trial finished, or the sweep ended). An lr-search candidate running when its
+driver is killed is closed KILLED and the resumed study samples another rate in its place (its Optuna trial never
+completed); the JSON counts those as lr_candidates_replaced, not as lost.
+
+    python benchmarks/faults.py [--tiny] [--faults N] [--seed S] [--sweep FILE] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stack import ROOT, Stack, missing  # noqa: E402
+
+from orchestration.runstore import mlflow_client  # noqa: E402
+
+KINDS = ("worker", "driver", "mlflow", "postgres", "s3")
+PROGRESS = re.compile(r"^\[headroom\]\s+\d+/\d+ ", re.MULTILINE)  # the driver's line per finished trial
+STEPPED = ("train/loss", "train/lr", "val/loss", "val/ppl")
+ARTIFACTS = {"prune": {"scores.json", "scores.png", "metrics.json"}, "train": {"metrics.json"}}
+
+
+def planned(sweep_file: Path) -> list[dict]:
+    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "sweep", str(sweep_file), "--plan", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise SystemExit(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "--plan failed")
+    return json.loads(r.stdout)
+
+
+def schedule(n: int, rng: random.Random) -> list[str]:
+    """n fault kinds: every kind once (in random order) before any repeats."""
+    out: list[str] = []
+    while len(out) < n:
+        kinds = list(KINDS)
+        rng.shuffle(kinds)
+        out += kinds
+    return out[:n]
+
+
+class Campaign:
+    def __init__(self, stack: Stack, sweep_file: Path, n_faults: int, seed: int, say=print):
+        import psutil  # noqa: F401  (fail early where it is missing)
+
+        self.stack, self.sweep_file, self.say = stack, Path(sweep_file), say
+        self.rng = random.Random(seed)
+        self.kinds = schedule(n_faults, self.rng)
+        self.prefix = f"s3://headroom-tune/faults-{secrets.token_hex(4)}"
+        self.jobs: list[str] = []
+        self.faults: list[dict] = []
+        self._done_counts: dict[str, int] = {}  # job -> trials its log reports, once the job is over
+
+    # ------------------------------------------------------------------------------------------- the job
+    def _entry(self, resume: bool) -> list[str]:
+        argv = ["headroom", "sweep", str(self.sweep_file.relative_to(ROOT)), "--tracking-uri",
+                self.stack.values[("mlflow-sweep-credentials", "tracking-uri")], "--storage", self.prefix]
+        return argv + (["--resume"] if resume else [])
+
+    def submit(self, resume: bool) -> str:
+        ray = self.stack.ray
+        sid = f"faults-{len(self.jobs)}-{secrets.token_hex(3)}"
+        r = ray.ray("job", "submit", "--address", ray.dashboard, "--submission-id", sid, "--no-wait",
+                    "--working-dir", str(ROOT), "--", *self._entry(resume), timeout=300)
+        if r.returncode != 0:
+            raise RuntimeError(f"ray job submit failed: {r.stderr[-2000:]}")
+        self.jobs.append(sid)
+        self.say(f"[faults] submitted {sid}{' (--resume)' if resume else ''}")
+        return sid
+
+    def _jobs(self):
+        from ray.job_submission import JobSubmissionClient
+
+        ray = self.stack.ray
+        return JobSubmissionClient(ray.dashboard, headers={"Authorization": f"Bearer {ray.token}"})
+
+    def status(self, sid: str) -> str:
+        try:
+            return str(self._jobs().get_job_status(sid).value)
+        except Exception:
+            return "UNKNOWN"
+
+    def logs(self, sid: str) -> str:
+        return self._jobs().get_job_logs(sid)
+
+    # ------------------------------------------------------------------------------------------- progress
+    @contextmanager
+    def _login(self, **extra):
+        """The sweep user's MLflow login in this process's environment (MLflow's client reads it there), and back."""
+        user, password = self.stack.sweep_login
+        vars_ = {"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password,
+                 "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", **extra}
+        saved = {k: os.environ.get(k) for k in vars_}
+        os.environ.update(vars_)
+        try:
+            yield mlflow_client(self.stack.mlflow.url)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def progress(self) -> int:
+        """Trials finished so far, as the drivers' job logs say (one `[headroom]   n/N` line each). Read from Ray,
+        not MLflow: every request to a basic-auth server checks a password hash, and polling would steal the CPU
+        the trials run on."""
+        total = 0
+        for sid in self.jobs:
+            if sid not in self._done_counts:
+                try:
+                    n = len(PROGRESS.findall(self.logs(sid)))
+                except Exception:
+                    continue
+                if sid != self.jobs[-1]:
+                    self._done_counts[sid] = n
+                total += n
+            else:
+                total += self._done_counts[sid]
+        return total
+
+    # ------------------------------------------------------------------------------------------- faults
+    def _processes(self, match) -> list:
+        import psutil
+
+        out = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if match(p.info["cmdline"] or []):
+                    out.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return out
+
+    def _trial_workers(self) -> list:
+        return self._processes(lambda argv: bool(argv) and argv[0].startswith("ray::ImplicitFunc.train"))
+
+    def _drivers(self) -> list:
+        return self._processes(lambda argv: any(a.endswith("headroom") for a in argv[:2]) and "sweep" in argv
+                               and self.prefix in argv)
+
+    def inject(self, kind: str, sid: str) -> dict:
+        st = self.stack
+        down = round(self.rng.uniform(1.0, 5.0), 1)
+        t = time.time()
+        detail = ""
+        if kind == "worker":
+            procs = []
+            deadline = time.time() + 120
+            while not procs and time.time() < deadline and self.status(sid) in ("RUNNING", "PENDING"):
+                procs = self._trial_workers()
+                if not procs:
+                    time.sleep(0.5)
+            if not procs:
+                return {}
+            p = self.rng.choice(procs)
+            t = time.time()
+            detail = " ".join(p.info["cmdline"][:1])
+            os.kill(p.pid, signal.SIGKILL)
+        elif kind == "driver":
+            procs = self._drivers()
+            if not procs:
+                return {}
+            t = time.time()
+            for p in procs:
+                os.kill(p.pid, signal.SIGKILL)
+            detail = f"pid {procs[0].pid}"
+        elif kind == "mlflow":
+            st.mlflow.stop()
+            time.sleep(down)
+            st.mlflow.start()
+        elif kind == "postgres":
+            st.postgres.stop("fast")
+            time.sleep(down)
+            st.postgres.start()
+        elif kind == "s3":
+            st.s3.stop()
+            time.sleep(down)
+            st.s3.start()
+        self.say(f"[faults] {kind} at {time.strftime('%H:%M:%S', time.localtime(t))} {detail}")
+        return {"kind": kind, "at": t, "down_s": down if kind in ("mlflow", "postgres", "s3") else 0.0}
+
+    # ------------------------------------------------------------------------------------------- the run
+    def run(self, timeout: float = 3600) -> dict:
+        from orchestration.spec import load_sweep
+
+        self.sweep_name = load_sweep(self.sweep_file)[0].name
+        plan = planned(self.sweep_file)
+        t0 = time.time()
+        sid = self.submit(resume=False)
+        pending = list(self.kinds)
+        resubmits = 0
+        while time.time() - t0 < timeout:
+            state = self.status(sid)
+            if state == "SUCCEEDED":
+                break
+            if state in ("FAILED", "STOPPED"):
+                if resubmits >= 3 * len(self.kinds) + 2:
+                    raise RuntimeError(f"the sweep did not finish after {resubmits} resubmissions:\n"
+                                       + self.logs(sid)[-4000:])
+                resubmits += 1
+                sid = self.submit(resume=True)
+                continue
+            if pending and state == "RUNNING":
+                time.sleep(self.rng.uniform(5.0, 25.0))
+                if self.status(sid) != "RUNNING":
+                    continue
+                before = self.progress()
+                fault = self.inject(pending[0], sid)
+                if not fault:
+                    continue  # nothing to hit right now (between stages): try again later
+                pending.pop(0)
+                # recovered: another trial finishes, or the sweep ends (resubmitting after a driver kill)
+                while self.progress() <= before:
+                    state = self.status(sid)
+                    if state == "SUCCEEDED":
+                        break
+                    if state in ("FAILED", "STOPPED"):
+                        resubmits += 1
+                        sid = self.submit(resume=True)
+                    time.sleep(2.0)
+                fault["recovery_s"] = round(time.time() - fault.pop("at"), 1)
+                self.faults.append(fault)
+                continue
+            time.sleep(2.0)
+        else:
+            raise RuntimeError(f"the campaign ran past {timeout} s")
+        wall = time.time() - t0
+        out = {"benchmark": "faults", "sweep": self.sweep_name, "storage": self.prefix, "seed_kinds": self.kinds,
+               "faults_injected": len(self.faults), "faults": self.faults, "jobs": self.jobs,
+               "resubmissions": len(self.jobs) - 1, "wall_s": round(wall, 1)}
+        with self._login() as c:
+            out.update(audit(c, self.sweep_name, plan))
+        out["goal"] = "units_lost == duplicate_runs == duplicate_steps == missing_steps == missing_artifacts == 0"
+        out["meets_goal"] = all(out[k] == 0 for k in ("units_lost", "duplicate_runs", "duplicate_steps",
+                                                      "missing_steps", "missing_artifacts"))
+        return out
+
+
+# ------------------------------------------------------------------------------------------------ the audit
+
+
+def audit(c, sweep_name: str, plan: list[dict]) -> dict:
+    """What MLflow holds, against the plan: lost, duplicated and missing things, each listed by unit name."""
+    exp = c.get_experiment_by_name(sweep_name)
+    runs = list(c.search_runs([exp.experiment_id], max_results=5000)) if exp else []
+    parents = [r for r in runs if r.data.tags.get("headroom.role") == "parent"]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    by_key: dict[str, list] = {}
+    for r in children:
+        by_key.setdefault(r.data.tags["headroom.key"], []).append(r)
+    by_name: dict[str, list] = {}
+    for r in children:
+        by_name.setdefault(r.info.run_name, []).append(r)
+    expected = [row["name"] for row in plan if row["stage"] != "lr_search"]
+    lr_expected = sum(row["trials"] or 0 for row in plan if row["stage"] == "lr_search")
+    finished = lambda rs: any(r.info.status == "FINISHED" for r in rs)
+    lost = [n for n in expected if not finished(by_name.get(n, []))]
+    lr_done = sum(1 for rs in by_key.values()
+                  if rs[0].data.tags["headroom.stage"] == "lr_search" and finished(rs))
+    # an lr candidate whose driver was killed is closed KILLED and the study samples another rate in its place
+    lr_killed = sum(1 for rs in by_key.values()
+                    if rs[0].data.tags["headroom.stage"] == "lr_search" and not finished(rs))
+    dup_runs = {k: len(rs) - 1 for k, rs in by_key.items() if len(rs) > 1}
+    dup_steps, missing_steps, missing_arts = {}, {}, {}
+    for r in children:
+        name, stage = r.info.run_name, r.data.tags["headroom.stage"]
+        for metric in STEPPED:
+            if metric not in r.data.metrics and stage == "prune":
+                continue
+            steps = [m.step for m in c.get_metric_history(r.info.run_id, metric)]
+            if len(steps) != len(set(steps)):
+                dup_steps[f"{name} {metric}"] = len(steps) - len(set(steps))
+            if r.info.status != "FINISHED" or stage == "prune":
+                continue
+            top = int(r.data.params["steps"]) if stage == "train" else max(steps, default=0)
+            if metric.startswith("train/"):
+                gone = set(range(1, top + 1)) - set(steps)
+            else:  # validation every val_every steps (the training's own interval)
+                every = int(r.data.params.get("val_every") or 0) or top
+                gone = set(range(every, top + 1, every)) - set(steps)
+            if gone:
+                missing_steps[f"{name} {metric}"] = len(gone)
+        if r.info.status == "FINISHED" and stage in ARTIFACTS:
+            want = set(ARTIFACTS[stage])
+            if stage == "prune" and r.data.tags.get("headroom.prune_at") == "1":
+                want.add("prune_curve.png")
+            have = {a.path: a.file_size for a in c.list_artifacts(r.info.run_id)}
+            absent = [f for f in sorted(want) if not have.get(f)]
+            with tempfile.TemporaryDirectory() as d:  # listed is not enough: read one back through the server
+                probe = sorted(want)[0]
+                if probe in have:
+                    try:
+                        if Path(c.download_artifacts(r.info.run_id, probe, d)).stat().st_size != have[probe]:
+                            absent.append(probe)
+                    except Exception:
+                        absent.append(probe)
+            if absent:
+                missing_arts[name] = absent
+    report = set()
+    if parents:
+        report = {a.path for a in c.list_artifacts(parents[0].info.run_id, "report")}
+    for f in ("report/verdict.json", "report/report.html"):
+        if f not in report:
+            missing_arts.setdefault("parent", []).append(f)
+    return {"units_expected": len(expected) + lr_expected,
+            "units_finished": len(expected) - len(lost) + lr_done,
+            "units_lost": len(lost) + max(0, lr_expected - lr_done), "lost": lost,
+            "parent_runs": len(parents), "lr_candidates_replaced": lr_killed,
+            "duplicate_runs": sum(dup_runs.values()), "duplicated": sorted(dup_runs),
+            "duplicate_steps": sum(dup_steps.values()), "duplicated_steps": dup_steps,
+            "missing_steps": sum(missing_steps.values()), "missing": missing_steps,
+            "missing_artifacts": sum(len(v) for v in missing_arts.values()), "missing_files": missing_arts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Fault campaign on the production stack; writes JSON.")
+    ap.add_argument("--tiny", action="store_true", help="CI size: 5 faults, one of each kind")
+    ap.add_argument("--faults", type=int, default=None, help="how many faults (default 12; --tiny 5)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sweep", default=str(ROOT / "sweeps" / "smoke.yaml"))
+    ap.add_argument("--out", default="benchmarks/results/faults.json")
+    a = ap.parse_args(argv)
+    n = a.faults if a.faults is not None else (5 if a.tiny else 12)
+    sweep = Path(a.sweep).resolve()
+    problem = ("--faults: at least 1" if n < 1 else f"--sweep {a.sweep}: no such file" if not sweep.is_file()
+               else f"--sweep {a.sweep}: must lie inside the repository (the job's working directory)"
+               if not sweep.is_relative_to(ROOT) else None)
+    if problem:
+        print(f"faults: {problem}", file=sys.stderr)
+        return 2
+    why = missing()
+    if why:
+        print(f"faults: cannot run the stack here: {why}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stack on the way out
+    stack = Stack(Path(tempfile.mkdtemp(prefix="headroom-faults-")))
+    try:
+        stack.start()
+        stack.start_ray()
+        res = Campaign(stack, sweep, n, a.seed, say=lambda m: print(m, flush=True)).run()
+    finally:
+        stack.stop()
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps({k: res[k] for k in ("faults_injected", "units_expected", "units_finished", "units_lost",
+                                          "duplicate_runs", "duplicate_steps", "missing_steps", "missing_artifacts",
+                                          "meets_goal")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
