@@ -17,7 +17,7 @@ made progress again (another trial finished, or the sweep ended). An lr-search c
 driver is killed is closed KILLED and the resumed study samples another rate in its place (its Optuna trial never
 completed); the JSON counts those as lr_candidates_replaced, not as lost.
 
-    python benchmarks/faults.py [--tiny] [--faults N] [--seed S] [--sweep FILE] [--out FILE]
+    python benchmarks/faults.py [--tiny] [--faults N] [--kinds K,..] [--seed S] [--sweep FILE] [--out FILE]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from stack import ROOT, Stack, missing  # noqa: E402
 from orchestration.runstore import mlflow_client  # noqa: E402
 
 KINDS = ("worker", "driver", "mlflow", "postgres", "s3")
+TINY = ("worker", "mlflow", "postgres", "s3")  # CI: a driver kill and resume costs a minute; test_sweep.py has one
 PROGRESS = re.compile(r"^\[headroom\]\s+\d+/\d+ ", re.MULTILINE)  # the driver's line per finished trial
 STEPPED = ("train/loss", "train/lr", "val/loss", "val/ppl")
 ARTIFACTS = {"prune": {"scores.json", "scores.png", "metrics.json"}, "train": {"metrics.json"}}
@@ -55,23 +56,24 @@ def planned(sweep_file: Path) -> list[dict]:
     return json.loads(r.stdout)
 
 
-def schedule(n: int, rng: random.Random) -> list[str]:
+def schedule(n: int, rng: random.Random, kinds: tuple[str, ...] = KINDS) -> list[str]:
     """n fault kinds: every kind once (in random order) before any repeats."""
     out: list[str] = []
     while len(out) < n:
-        kinds = list(KINDS)
-        rng.shuffle(kinds)
-        out += kinds
+        batch = list(kinds)
+        rng.shuffle(batch)
+        out += batch
     return out[:n]
 
 
 class Campaign:
-    def __init__(self, stack: Stack, sweep_file: Path, n_faults: int, seed: int, say=print):
+    def __init__(self, stack: Stack, sweep_file: Path, n_faults: int, seed: int, say=print,
+                 kinds: tuple[str, ...] = KINDS):
         import psutil  # noqa: F401  (fail early where it is missing)
 
         self.stack, self.sweep_file, self.say = stack, Path(sweep_file), say
         self.rng = random.Random(seed)
-        self.kinds = schedule(n_faults, self.rng)
+        self.kinds = schedule(n_faults, self.rng, kinds)
         self.prefix = f"s3://headroom-tune/faults-{secrets.token_hex(4)}"
         self.jobs: list[str] = []
         self.faults: list[dict] = []
@@ -341,15 +343,20 @@ def audit(c, sweep_name: str, plan: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Fault campaign on the production stack; writes JSON.")
-    ap.add_argument("--tiny", action="store_true", help="CI size: 5 faults, one of each kind")
-    ap.add_argument("--faults", type=int, default=None, help="how many faults (default 12; --tiny 5)")
+    ap.add_argument("--tiny", action="store_true", help=f"CI size: {len(TINY)} faults, one of each kind but the "
+                    "driver kill (tests/test_sweep.py kills and resumes a driver; the full campaign does all kinds)")
+    ap.add_argument("--faults", type=int, default=None, help=f"how many faults (default 12; --tiny {len(TINY)})")
+    ap.add_argument("--kinds", default=None, help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sweep", default=str(ROOT / "sweeps" / "smoke.yaml"))
     ap.add_argument("--out", default="benchmarks/results/faults.json")
     a = ap.parse_args(argv)
-    n = a.faults if a.faults is not None else (5 if a.tiny else 12)
+    n = a.faults if a.faults is not None else (len(TINY) if a.tiny else 12)
+    kinds = tuple(a.kinds.split(",")) if a.kinds else TINY if a.tiny else KINDS
     sweep = Path(a.sweep).resolve()
-    problem = ("--faults: at least 1" if n < 1 else f"--sweep {a.sweep}: no such file" if not sweep.is_file()
+    unknown = [k for k in kinds if k not in KINDS]
+    problem = (f"--kinds: unknown {', '.join(unknown)} (choose from {', '.join(KINDS)})" if unknown else
+               "--faults: at least 1" if n < 1 else f"--sweep {a.sweep}: not a file" if not sweep.is_file()
                else f"--sweep {a.sweep}: must lie inside the repository (the job's working directory)"
                if not sweep.is_relative_to(ROOT) else None)
     if problem:
@@ -364,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack.start()
         stack.start_ray()
-        res = Campaign(stack, sweep, n, a.seed, say=lambda m: print(m, flush=True)).run()
+        res = Campaign(stack, sweep, n, a.seed, say=lambda m: print(m, flush=True), kinds=kinds).run()
     finally:
         stack.stop()
     out = Path(a.out)

@@ -174,6 +174,7 @@ BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
     "prune_speed": ["--scale", "xs", "--batch-size", "2", "--seq-len", "32", "--repeats", "2", "--warmup", "1"],
     "sweep_reuse": ["--tiny"],
     "compute_share": ["--tiny"],
+    "faults": ["--tiny"],  # needs PostgreSQL 15's server binaries and kubectl (benchmarks/stack.py)
 }
 
 

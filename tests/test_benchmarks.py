@@ -83,3 +83,21 @@ def test_headroom_bench_refuses_an_unknown_benchmark():
     r = subprocess.run([sys.executable, "-m", "orchestration.cli", "bench", "nonesuch"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown benchmark 'nonesuch'" in r.stderr
+
+
+def test_fault_campaign_refuses_bad_input_with_one_line(tmp_path):
+    """The campaign itself runs in tests/test_cluster.py (on the session's stack); here its input checks, which
+    stop it before any service starts."""
+    for args, needle in ((["--faults", "0"], "--faults: at least 1"), (["--kinds", "worker,flood"], "unknown flood"),
+                         (["--sweep", str(tmp_path / "nope.yaml")], "not a file"),
+                         (["--sweep", str(tmp_path)], "not a file")):
+        r = subprocess.run([sys.executable, "benchmarks/faults.py", *args, "--out", str(tmp_path / "f.json")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+    outside = tmp_path / "sweep.yaml"
+    outside.write_text((ROOT / "sweeps" / "smoke.yaml").read_text())
+    r = subprocess.run([sys.executable, "benchmarks/faults.py", "--sweep", str(outside)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "inside the repository" in r.stderr
+    assert not (tmp_path / "f.json").exists()

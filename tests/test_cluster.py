@@ -2,8 +2,9 @@
 IAM enforced, MLflow with basic auth, all as k8s/ configures them) plus a Ray head and a worker node with token
 auth, whose environment is the RayCluster head container's — the sweep user's MLflow login, the Tune user's S3
 keys. The smoke sweep is submitted with `ray job submit` on s3:// storage while the fault campaign
-(benchmarks/faults.py) injects one fault of each kind; then the audit, and `headroom report` read back through the
-authenticated server against the local default run of the same sweep."""
+(benchmarks/faults.py, at its CI size) kills a trial worker and restarts MLflow, PostgreSQL and S3; then the
+audit, and `headroom report` read back through the authenticated server against the local default run of the
+same sweep."""
 
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ def cluster(stack):
 
 @pytest.fixture(scope="module")
 def campaign(cluster, cache_dir):
-    from faults import Campaign
+    from faults import TINY, Campaign
 
-    c = Campaign(cluster, ROOT / "sweeps" / "smoke.yaml", n_faults=5, seed=0, say=lambda m: print(m, flush=True))
+    c = Campaign(cluster, ROOT / "sweeps" / "smoke.yaml", n_faults=len(TINY), seed=0, kinds=TINY,
+                 say=lambda m: print(m, flush=True))
     res = c.run(timeout=1500)
     res["logs"] = c.logs(c.jobs[-1])
     return res
@@ -54,16 +56,16 @@ def test_cluster_has_two_nodes_and_refuses_a_missing_or_wrong_token(cluster):
 
 
 def test_the_faulted_sweep_loses_and_duplicates_nothing(campaign):
-    """One fault of each kind (a trial worker and the driver killed -9, MLflow, PostgreSQL and S3 restarted)."""
-    assert campaign["faults_injected"] == 5, campaign["faults"]
-    assert {f["kind"] for f in campaign["faults"]} == {"worker", "driver", "mlflow", "postgres", "s3"}
-    assert campaign["resubmissions"] >= 1  # the driver kill: `headroom sweep --resume` as a new job
-    assert campaign["units_expected"] == 72 and campaign["parent_runs"] == 1
+    """A trial worker killed -9; MLflow, PostgreSQL and S3 restarted (the driver kill and `--resume`, a minute
+    more, is in tests/test_sweep.py and in the full campaign)."""
+    assert campaign["faults_injected"] == 4, campaign["faults"]
+    assert {f["kind"] for f in campaign["faults"]} == {"worker", "mlflow", "postgres", "s3"}
+    assert campaign["units_expected"] == 36 and campaign["parent_runs"] == 1
     bad = {k: campaign[k] for k in ("units_lost", "duplicate_runs", "duplicate_steps", "missing_steps",
                                     "missing_artifacts")}
     assert bad == dict.fromkeys(bad, 0), {k: campaign[k] for k in ("lost", "duplicated", "duplicated_steps",
                                                                   "missing", "missing_files")}
-    assert campaign["units_finished"] == 72 and campaign["meets_goal"] is True
+    assert campaign["units_finished"] == 36 and campaign["meets_goal"] is True
     assert "mean final loss" in campaign["logs"]  # the last driver's summary, in its job's log
 
 

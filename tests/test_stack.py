@@ -79,9 +79,22 @@ def test_without_its_secret_key_basic_auth_refuses_to_start(stack, tmp_path):
     assert r.returncode != 0 and "MLFLOW_FLASK_SERVER_SECRET_KEY" in (r.stdout + r.stderr)
 
 
-def test_missing_or_wrong_credentials_stop_headroom_before_anything_starts(stack, tmp_path):
-    """One line, exit 2, nothing started or written: no Ray results, no experiment on the server."""
+def test_missing_or_wrong_credentials_stop_headroom_before_anything_starts(stack, tmp_path, monkeypatch):
+    """One line, exit 2, nothing started or written: no Ray results, no experiment or run on the server (the
+    session's stack is shared: what it held before is what it holds after)."""
+    from orchestration.runstore import mlflow_client
+
     url = stack.mlflow.url
+
+    def held() -> list:
+        with monkeypatch.context() as m:
+            m.setenv("MLFLOW_TRACKING_USERNAME", stack.mlflow.admin[0])
+            m.setenv("MLFLOW_TRACKING_PASSWORD", stack.mlflow.admin[1])
+            c = mlflow_client(url)
+            exps = c.search_experiments()
+            return sorted((e.name, len(c.search_runs([e.experiment_id], max_results=5000))) for e in exps)
+
+    before = held()
     base = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
     cases = [({}, "requires a login"),
              ({"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": "wrong"}, "credentials rejected")]
@@ -92,13 +105,7 @@ def test_missing_or_wrong_credentials_stop_headroom_before_anything_starts(stack
             lines = r.stderr.strip().splitlines()
             assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], (argv, creds, r.stderr[-2000:])
     assert list(tmp_path.iterdir()) == []
-    from mlflow.tracking import MlflowClient
-
-    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = stack.mlflow.admin
-    try:
-        assert MlflowClient(tracking_uri=url).get_experiment_by_name("smoke") is None
-    finally:
-        del os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]
+    assert held() == before
 
 
 def test_the_image_installs_what_this_server_needed():
