@@ -68,12 +68,13 @@ def schedule(n: int, rng: random.Random, kinds: tuple[str, ...] = KINDS) -> list
 
 class Campaign:
     def __init__(self, stack: Stack, sweep_file: Path, n_faults: int, seed: int, say=print,
-                 kinds: tuple[str, ...] = KINDS):
+                 kinds: tuple[str, ...] = KINDS, gap: tuple[float, float] = (5.0, 25.0)):
         import psutil  # noqa: F401  (fail early where it is missing)
 
         self.stack, self.sweep_file, self.say = stack, Path(sweep_file), say
         self.rng = random.Random(seed)
         self.kinds = schedule(n_faults, self.rng, kinds)
+        self.gap = gap  # seconds of normal running between one fault's recovery and the next fault
         self.prefix = f"s3://headroom-tune/faults-{secrets.token_hex(4)}"
         self.jobs: list[str] = []
         self.faults: list[dict] = []
@@ -230,7 +231,7 @@ class Campaign:
                 sid = self.submit(resume=True)
                 continue
             if pending and state == "RUNNING":
-                time.sleep(self.rng.uniform(5.0, 25.0))
+                time.sleep(self.rng.uniform(*self.gap))
                 if self.status(sid) != "RUNNING":
                     continue
                 before = self.progress()
@@ -371,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack.start()
         stack.start_ray()
-        res = Campaign(stack, sweep, n, a.seed, say=lambda m: print(m, flush=True), kinds=kinds).run()
+        res = Campaign(stack, sweep, n, a.seed, say=lambda m: print(m, flush=True), kinds=kinds,
+                       gap=(3.0, 10.0) if a.tiny else (5.0, 25.0)).run()
     finally:
         stack.stop()
     out = Path(a.out)

@@ -33,8 +33,8 @@ def cluster(stack):
 def campaign(cluster, cache_dir):
     from faults import TINY, Campaign
 
-    c = Campaign(cluster, ROOT / "sweeps" / "smoke.yaml", n_faults=len(TINY), seed=0, kinds=TINY,
-                 say=lambda m: print(m, flush=True))
+    c = Campaign(cluster, ROOT / "sweeps" / "smoke.yaml", n_faults=len(TINY), seed=0, kinds=TINY, gap=(3.0, 10.0),
+                 say=lambda m: print(m, flush=True))  # short gaps: every fault lands before the sweep ends
     res = c.run(timeout=1500)
     res["logs"] = c.logs(c.jobs[-1])
     return res
