@@ -84,6 +84,15 @@ def manifest(kind: str, name: str) -> dict:
     return next(o for o in _rendered() if o["kind"] == kind and o["metadata"]["name"] == name)
 
 
+def container_env(container: dict, values: dict, local) -> dict:
+    """A manifest container's env: Secret references → `values[(secret, key)]`, literals through `local`."""
+    out = {}
+    for e in container.get("env", []):
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        out[e["name"]] = values[(ref["name"], ref["key"])] if ref else local(e["value"])
+    return out
+
+
 def _stop_group(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
     """Signal a process started in its own session, and everything it started; SIGKILL if it lingers."""
     if proc is None or proc.poll() is not None:
@@ -241,9 +250,7 @@ class MLflow:
             args.append(self.local(a))
         self.args = args
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "AWS_", "PG"))}
-        for e in c["env"]:
-            ref = e.get("valueFrom", {}).get("secretKeyRef")
-            env[e["name"]] = values[(ref["name"], ref["key"])] if ref else self.local(e["value"])
+        env.update(container_env(c, values, self.local))
         # the auth config from its ConfigMap, at the path the Deployment mounts it (under this directory)
         cm = manifest("ConfigMap", "mlflow-auth-config")
         mount = next(m for m in c["volumeMounts"] if m["name"] == "auth-config")["mountPath"]
@@ -280,9 +287,7 @@ class MLflow:
         script.write_text(text)
         assert Path(c["command"][-1]).name == name
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-        for e in c["env"]:
-            ref = e.get("valueFrom", {}).get("secretKeyRef")
-            env[e["name"]] = self.values[(ref["name"], ref["key"])] if ref else self.local(e["value"])
+        env.update(container_env(c, self.values, self.local))
         env["HOME"] = str(self.dir)
         r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
@@ -381,10 +386,7 @@ class Stack:
     def ray_env(self) -> dict:
         """The RayCluster head container's env: Secrets → values, Services → loopback, paths → under root."""
         c = manifest("RayCluster", "headroom")["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-        env = {}
-        for e in c["env"]:
-            ref = e.get("valueFrom", {}).get("secretKeyRef")
-            env[e["name"]] = self.values[(ref["name"], ref["key"])] if ref else self.mlflow.local(e["value"])
+        env = container_env(c, self.values, self.mlflow.local)
         env["HOME"] = str(self.root / "home")
         env["HEADROOM_CACHE"] = str(self.cache)
         return env
