@@ -5,6 +5,11 @@ permutation of the train stream's windows drawn from (seed, e), each epoch with 
 resumed at step k continues with exactly the batches an uninterrupted run would have seen (the consumed count is
 saved in the checkpoint), and two arms with the same seed see the same data in the same order.
 
+Data-parallel training (DDP, `world` > 1 ranks) keeps the global batch: of the B samples of each step, rank r
+takes the r-th contiguous B/world of them, so the ranks together see exactly the batches one process would.
+Validation windows are dealt out among the ranks and their loss sums added (lm.py), so the validation loss is that
+of one process too.
+
 Evaluation windows are evenly spaced over the split and masked (encoder) with a fixed seed: every run, seed and arm
 is scored on the same tokens.
 """
@@ -66,7 +71,12 @@ class _Windows(Dataset):
 
 
 class TrainWindows(_Windows):
-    """Samples start..n_samples-1 of the seeded training order (see module docstring)."""
+    """Samples start, start+1, ... of the seeded training order (see module docstring), n_samples of them.
+
+    A resumed run's loader is as long as a whole run's: Lightning restores the checkpoint's batch index and ends
+    the epoch when that index reaches the loader's length, so a loader of only the remaining samples would end
+    the epoch early and be iterated again from its start — the last steps of the run would repeat earlier data.
+    The samples past the run's end are never reached (max_steps stops training first)."""
 
     def __init__(self, stream, seq_len, seed: int, n_samples: int, start: int = 0, mlm: dict | None = None):
         super().__init__(stream, seq_len, mlm)
@@ -77,7 +87,7 @@ class TrainWindows(_Windows):
         self._epochs: dict[int, tuple[int, np.ndarray]] = {}
 
     def __len__(self) -> int:
-        return max(0, self.n_samples - self.start)
+        return self.n_samples
 
     def start_of(self, j: int) -> int:
         epoch, k = divmod(j, self.n_windows)
@@ -114,6 +124,23 @@ class EvalWindows(_Windows):
     def __getitem__(self, i: int) -> dict:
         start = int(self.starts[i])
         return self._item(start, [EVAL_MASK_SEED, start])
+
+
+class RankShard(Dataset):
+    """Rank r's share of a training order batched B at a time: of the samples of step k (k·B .. k·B+B-1), the
+    r-th contiguous block of B/world. Batched by B/world, rank r's k-th batch is its share of global batch k."""
+
+    def __init__(self, dataset: Dataset, batch_size: int, rank: int, world: int):
+        if batch_size % world:
+            raise HeadroomInputError(f"batch_size {batch_size} is not divisible by {world} data-parallel workers")
+        self.dataset, self.per_rank, self.rank, self.world = dataset, batch_size // world, rank, world
+
+    def __len__(self) -> int:
+        return len(self.dataset) // self.world
+
+    def __getitem__(self, i: int) -> dict:
+        step, k = divmod(i, self.per_rank)
+        return self.dataset[step * self.per_rank * self.world + self.rank * self.per_rank + k]
 
 
 # ------------------------------------------------------------------------------------- decontamination
@@ -183,7 +210,7 @@ class MQAR(Dataset):
         self.n_samples, self.start, self.mask_id, self.pad_id = n_samples, start, mask_id, pad_id
 
     def __len__(self) -> int:
-        return max(0, self.n_samples - self.start)
+        return self.n_samples  # from start (see TrainWindows)
 
     def __getitem__(self, i: int) -> dict:
         rng = np.random.default_rng([self.stream_seed, self.start + i, 11])
@@ -332,12 +359,25 @@ class HeadroomData(pl.LightningDataModule):
         return {"windows": used, "split_windows": total, "excluded": total - len(self.clean_starts(split))}
 
     # ---- Lightning hooks
+    def _rank(self) -> tuple[int, int]:
+        t = self.trainer
+        return (int(t.global_rank), int(t.world_size)) if t is not None else (0, 1)
+
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_dataset(self.samples_consumed), batch_size=self.train_cfg.batch_size,
-                          shuffle=False, drop_last=True, num_workers=self.num_workers)
+        rank, world = self._rank()
+        bs = self.train_cfg.batch_size
+        ds = self.train_dataset(self.samples_consumed)
+        if world > 1:
+            ds = RankShard(ds, bs, rank, world)
+        return DataLoader(ds, batch_size=bs // world, shuffle=False, drop_last=True, num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
-        return self.loader("val", self.train_cfg.val_batches)
+        rank, world = self._rank()
+        if world == 1:
+            return self.loader("val", self.train_cfg.val_batches)
+        ds = self.split_dataset("val", self._n_windows(self.train_cfg.val_batches))
+        mine = torch.utils.data.Subset(ds, range(rank, len(ds), world))  # the ranks' sums add up to the whole
+        return DataLoader(mine, batch_size=self.train_cfg.batch_size, shuffle=False, num_workers=self.num_workers)
 
     def state_dict(self) -> dict:
         step = self.trainer.global_step if self.trainer is not None else 0

@@ -111,6 +111,7 @@ class HeadroomLM(pl.LightningModule):
         self.n_params = count_parameters(self.model)
         self._t0: float | None = None
         self._val = [0.0, 0]
+        self.last_train_loss = float("nan")  # the global batch's mean loss at the latest step
 
     @classmethod
     def from_model(cls, model, train_cfg: TrainConfig, loss_fn=None) -> HeadroomLM:
@@ -127,10 +128,27 @@ class HeadroomLM(pl.LightningModule):
     def on_train_batch_start(self, batch, batch_idx):
         self._t0 = time.perf_counter()
 
+    def _world(self) -> int:
+        return int(self.trainer.world_size) if self._trainer is not None else 1
+
     def training_step(self, batch, batch_idx):
-        loss = self(batch)
-        self.log("train/loss", loss, on_step=True, prog_bar=True)
-        self.log("train/ppl", torch.exp(loss.detach().clamp(max=50.0)), on_step=True)
+        world = self._world()
+        if world == 1:
+            loss = self(batch)
+            shown = loss.detach()
+        else:
+            # data-parallel: each rank holds a share of the global batch, and DDP averages the ranks' gradients.
+            # Dividing each rank's summed loss by the global token count (times the ranks) makes that average the
+            # gradient of the global batch's mean loss, as one process would take it, even when the ranks predict
+            # different numbers of tokens (masked LM)
+            s, n = self.loss_fn(self.model, batch)
+            sums = torch.stack([s.sum().detach().float(), n.sum().float()])
+            sums = self.trainer.strategy.reduce(sums, reduce_op="sum")
+            loss = s.sum() * world / sums[1].clamp_min(1)
+            shown = sums[0] / sums[1].clamp_min(1)
+        self.last_train_loss = float(shown)
+        self.log("train/loss", shown, on_step=True, prog_bar=True)
+        self.log("train/ppl", torch.exp(shown.clamp(max=50.0)), on_step=True)
         return loss
 
     def on_before_optimizer_step(self, optimizer):
@@ -155,6 +173,10 @@ class HeadroomLM(pl.LightningModule):
         self._val[1] += int(n.sum())
 
     def on_validation_epoch_end(self):
+        if self._world() > 1:  # each rank evaluated its share of the windows: add the sums up
+            t = self.trainer.strategy.reduce(torch.tensor(self._val, dtype=torch.float64, device=self.device),
+                                             reduce_op="sum")
+            self._val = [float(t[0]), int(t[1])]
         loss = self._val[0] / max(self._val[1], 1)
         self.log("val/loss", loss, prog_bar=True)
         self.log("val/ppl", math.exp(min(loss, 50.0)))

@@ -49,6 +49,7 @@ class Snapshots(Callback):
 
     def __init__(self, steps, directory: str | os.PathLike):
         self.steps, self.dir = set(steps), Path(directory)
+        self.saved: set[int] = set()  # this process's (data-parallel: only rank 0 writes the files)
 
     @staticmethod
     def path(directory: str | os.PathLike, step: int) -> Path:
@@ -56,11 +57,13 @@ class Snapshots(Callback):
 
     def _save(self, trainer) -> None:
         step = int(trainer.global_step)
-        if step in self.steps and not self.path(self.dir, step).exists():
+        if step in self.steps and step not in self.saved and not self.path(self.dir, step).exists():
+            self.saved.add(step)
             self.dir.mkdir(parents=True, exist_ok=True)
             tmp = self.dir / f".step{step}.partial"
-            trainer.save_checkpoint(str(tmp))
-            os.replace(tmp, self.path(self.dir, step))  # never a partial file under the final name
+            trainer.save_checkpoint(str(tmp))  # every rank calls it; rank 0 writes
+            if trainer.is_global_zero:
+                os.replace(tmp, self.path(self.dir, step))  # never a partial file under the final name
 
     def on_train_start(self, trainer, pl_module):
         self._save(trainer)
@@ -77,18 +80,46 @@ class TrainResult:
     windows: dict = field(default_factory=dict)  # split -> {"loss": [per window], "tokens": [per window]}
 
 
+class LossCurve(Callback):
+    """The training loss of every step this process trained, as [step, loss] (the global batch's loss,
+    data-parallel or not): metrics.json keeps it as `train_loss`, so two runs' curves can be compared."""
+
+    def __init__(self):
+        self.rows: list[list] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.rows.append([int(trainer.global_step), float(pl_module.last_train_loss)])
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """How Lightning trains data-parallel: the strategy and cluster-environment plugin (for Ray Train:
+    RayDDPStrategy and RayLightningEnvironment) and `prepare`, applied to the built Trainer (Ray's
+    prepare_trainer). The data module shards batches by the Trainer's rank and world size."""
+
+    strategy: object
+    plugins: tuple = ()
+    prepare: object = None
+
+
 def build_trainer(train_cfg: TrainConfig, checkpoint_dir: str | os.PathLike | None, *, callbacks=(),
-                  logger=None, progress: bool = True, checkpoint_every: int | None = None) -> pl.Trainer:
+                  logger=None, progress: bool = True, checkpoint_every: int | None = None,
+                  distributed: Distributed | None = None) -> pl.Trainer:
     cbs = list(callbacks)
     if checkpoint_dir is not None:
         # one rolling checkpoint: a resumed run continues from the newest step, not from a chosen best
         cbs.append(ModelCheckpoint(dirpath=str(checkpoint_dir), filename="last", save_top_k=1,
                                    every_n_train_steps=checkpoint_every or train_cfg.val_every,
                                    enable_version_counter=False, save_on_exception=False))
-    return pl.Trainer(
+    dist = {"devices": 1}
+    if distributed is not None:
+        # our own sharding (data.RankShard), not Lightning's DistributedSampler: the global batch stays the same
+        dist = {"devices": "auto", "strategy": distributed.strategy, "plugins": list(distributed.plugins),
+                "use_distributed_sampler": False}
+    trainer = pl.Trainer(
         max_steps=train_cfg.steps,
         accelerator="auto",
-        devices=1,
+        **dist,
         precision=resolve_precision(train_cfg.precision),
         gradient_clip_val=train_cfg.grad_clip or None,
         val_check_interval=min(train_cfg.val_every, train_cfg.steps),
@@ -101,15 +132,20 @@ def build_trainer(train_cfg: TrainConfig, checkpoint_dir: str | os.PathLike | No
         enable_model_summary=False,
         callbacks=cbs,
     )
+    if distributed is not None and distributed.prepare is not None:
+        trainer = distributed.prepare(trainer)
+    return trainer
 
 
 def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfig, *,
              checkpoint_dir: str | os.PathLike | None = None, ckpt_path: str | None = None, callbacks=(),
              logger=None, progress: bool = True, checkpoint_every: int | None = None,
-             data: HeadroomData | None = None, final_eval: bool = True) -> TrainResult:
+             data: HeadroomData | None = None, final_eval: bool = True,
+             distributed: Distributed | None = None) -> TrainResult:
     """Fit a model of `model_cfg` (its vocab size is set from the tokenizer), then evaluate it on the val split
-    and every eval set (unless `final_eval` is False: a learning-rate search trial needs only its val reports).
-    `ckpt_path` resumes a run from a Lightning checkpoint (data order included)."""
+    and every eval set (unless `final_eval` is False: a learning-rate search trial needs only its val reports,
+    and data-parallel ranks other than 0 leave it to rank 0). `ckpt_path` resumes a run from a Lightning
+    checkpoint (data order included). `distributed`: train data-parallel (see Distributed)."""
     dm = data or HeadroomData(data_cfg, train_cfg, model_cfg.family)
     dm.prepare()
     if model_cfg.vocab_size != dm.vocab_size:
@@ -119,9 +155,9 @@ def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfi
     lm = HeadroomLM(model_cfg.model_dump(mode="json"), train_cfg.model_dump(mode="json"), pad_id=tok.pad_id,
                     eos_id=tok.eos_id, meta={"corpus_hash": dm.corpus_hash, "data": data_cfg.model_dump(mode="json"),
                                              "tokenizer": tok.name})
-    clock = TrainClock()
-    trainer = build_trainer(train_cfg, checkpoint_dir, callbacks=[clock, *callbacks], logger=logger,
-                            progress=progress, checkpoint_every=checkpoint_every)
+    clock, curve = TrainClock(), LossCurve()
+    trainer = build_trainer(train_cfg, checkpoint_dir, callbacks=[clock, curve, *callbacks], logger=logger,
+                            progress=progress, checkpoint_every=checkpoint_every, distributed=distributed)
     t0 = time.time()
     trainer.fit(lm, datamodule=dm, ckpt_path=ckpt_path)
     wall = time.time() - t0
@@ -136,12 +172,14 @@ def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfi
     # per-window losses of the final evaluation travel apart from the metrics (trainables write them to a file)
     windows = {s: {"loss": v.pop("window_loss"), "tokens": v.pop("window_tokens")}
                for s, v in metrics["final"].items() if "window_loss" in v}
-    tokens = clock.steps * train_cfg.batch_size * train_cfg.seq_len
+    tokens = clock.steps * train_cfg.batch_size * train_cfg.seq_len  # the global batch's (all ranks')
     counts = param_counts(model_cfg)
     metrics.update(
         steps=int(trainer.global_step),
         tokens_per_s=tokens / max(clock.seconds, 1e-9),
         train_seconds=wall,
+        train_loss=curve.rows,
+        workers=int(trainer.world_size),
         # seconds in training steps and in evaluation (validation during training, the final evaluation); what
         # else the run spent (framework setup, checkpoints) is the rest of train_seconds
         timing={"train_s": clock.seconds, "eval_s": clock.val_seconds + eval_s},

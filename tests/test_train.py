@@ -79,17 +79,24 @@ class _StopAt(Callback):
 
 @pytest.mark.parametrize("family", ["decoder", "encoder"])
 def test_resume_continues_exactly(tmp_path, family):
-    """Stop at step 6 of 12, resume from the checkpoint: the weights equal an uninterrupted 12-step run's."""
+    """Stop at step 4 of 12, resume from the checkpoint: the weights equal an uninterrupted 12-step run's. (Before
+    the first half: Lightning counts a resumed epoch from the checkpoint's batch index, and a loader of only the
+    remaining samples ended the epoch early and repeated data in the last steps; resuming at half-way hid it.)"""
     mcfg = model_config_for("xs", family)
     tcfg = train_config_for("xs", steps=12, val_every=6, warmup_steps=3, batch_size=4, seq_len=64,
                             eval_batches=1, val_batches=1)
     data = DataConfig()
     straight = train_lm(mcfg, tcfg, data, progress=False)
-    train_lm(mcfg, tcfg, data, checkpoint_dir=tmp_path / "ck", checkpoint_every=6, progress=False,
-             callbacks=[_StopAt(6)])
-    assert torch.load(tmp_path / "ck" / "last.ckpt", weights_only=False)["global_step"] == 6
+    train_lm(mcfg, tcfg, data, checkpoint_dir=tmp_path / "ck", checkpoint_every=4, progress=False,
+             callbacks=[_StopAt(4)])
+    assert torch.load(tmp_path / "ck" / "last.ckpt", weights_only=False)["global_step"] == 4
     resumed = train_lm(mcfg, tcfg, data, ckpt_path=str(tmp_path / "ck" / "last.ckpt"), progress=False)
     assert resumed.metrics["steps"] == 12
+    # every step after the checkpoint saw the uninterrupted run's batch: the same loss, step by step
+    ref = dict(straight.metrics["train_loss"])
+    assert [s for s, _ in resumed.metrics["train_loss"]] == list(range(5, 13))
+    for s, v in resumed.metrics["train_loss"]:
+        assert v == pytest.approx(ref[s], abs=1e-5), s
     a, b = straight.lm.model.state_dict(), resumed.lm.model.state_dict()
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5, msg=k)
