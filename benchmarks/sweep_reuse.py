@@ -41,6 +41,7 @@ def naive_trial(config):
     from lightning_modules.pruning import run_prune
     from lightning_modules.train import set_threads, train_lm
     from orchestration.callbacks import ReportAtValidation, StepHistory
+    from orchestration.ddp import Session
     from orchestration.frameworks import quiet_frameworks
 
     quiet_frameworks()
@@ -51,7 +52,7 @@ def naive_trial(config):
     # trained as a sweep's train trial trains: reporting and checkpointing at every validation
     history = StepHistory()
     result = train_lm(dense.model, dense.train, dense.data, progress=False,
-                      callbacks=[history, ReportAtValidation(history)])
+                      callbacks=[history, ReportAtValidation(history, Session(train=False).report)])
     run_prune(result.lm.model.eval(), result.data, unit.plan, eval_batches=unit.train.eval_batches,
               calibration_batches=unit.prune.calibration_batches, curve=unit.prune.curve,
               curve_batches=unit.prune.curve_batches)

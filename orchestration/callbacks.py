@@ -8,12 +8,14 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 from pytorch_lightning.callbacks import Callback
-from ray import tune
 
 from .plan import HISTORY, LIGHTNING_FILE
+
+FAULT_PAUSE_S = 5.0
 
 
 class StepHistory(Callback):
@@ -28,8 +30,8 @@ class StepHistory(Callback):
         step = int(trainer.global_step)
         if self.start_step is None:
             self.start_step = step - 1
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self.rows.append(["train/loss", step, float(loss)])
+        # the global batch's loss (data-parallel: all ranks', not this rank's share)
+        self.rows.append(["train/loss", step, float(pl_module.last_train_loss)])
         self.rows.append(["train/lr", step, float(trainer.optimizers[0].param_groups[0]["lr"])])
         if self.fault and step == self.fault["step"]:
             _fault(self.fault)
@@ -47,6 +49,9 @@ def _fault(fault: dict) -> None:
     except FileExistsError:
         return
     os.close(fd)
+    # a pause first, so the runtime has taken the report before it (Ray Train polls its workers every 2 s): the
+    # test then shows a restart from the newest checkpoint rather than from an unreported one
+    time.sleep(FAULT_PAUSE_S)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -54,12 +59,13 @@ class ReportAtValidation(Callback):
     """At every validation: report val metrics, the step and the buffered step history to Tune, with the Lightning
     checkpoint of that step. Ray's own TuneReportCheckpointCallback reports only `trainer.callback_metrics`
     (numbers), and the history is text, so this does the same with Ray's public API: `trainer.save_checkpoint`
-    into a directory, `tune.Checkpoint.from_directory`, `tune.report`."""
+    into a directory, reported with it (`tune.report`, or `ray.train.report` on a data-parallel worker)."""
 
-    def __init__(self, history: StepHistory, save_checkpoints: bool = True, keep: Path | None = None):
+    def __init__(self, history: StepHistory, report, save_checkpoints: bool = True, keep: Path | None = None):
+        # report(metrics, checkpoint_dir=None): the trial's (orchestration.ddp.Session.report)
         # keep: a directory every checkpoint carries too (the dense run's snapshots for pruning at p·T), so a
         # resumed trial still has the ones written before it
-        self.history, self.save_checkpoints, self.keep = history, save_checkpoints, keep
+        self.history, self.report, self.save_checkpoints, self.keep = history, report, save_checkpoints, keep
         self.last_step, self.last_val = -1, (float("nan"), float("nan"))
 
     def on_validation_end(self, trainer, pl_module):
@@ -70,10 +76,10 @@ class ReportAtValidation(Callback):
         report = {"step": self.last_step, "val/loss": self.last_val[0], "val/ppl": self.last_val[1],
                   HISTORY: self.history.take()}
         if not self.save_checkpoints:
-            tune.report(report)
+            self.report(report)
             return
         with tempfile.TemporaryDirectory() as d:
-            trainer.save_checkpoint(os.path.join(d, LIGHTNING_FILE))
+            trainer.save_checkpoint(os.path.join(d, LIGHTNING_FILE))  # every rank calls it; rank 0 writes
             if self.keep is not None and self.keep.is_dir():
                 shutil.copytree(self.keep, Path(d) / self.keep.name)
-            tune.report(report, checkpoint=tune.Checkpoint.from_directory(d))
+            self.report(report, d)

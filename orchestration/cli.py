@@ -86,6 +86,9 @@ def _add_train(sub) -> None:
     p.add_argument("--data", default="stdlib", help="stdlib | path:GLOB | hf:NAME[:CONFIG] | mqar")
     p.add_argument("--shift", help="a second source for the shifted eval set (path:GLOB or hf:NAME)")
     p.add_argument("--tokenizer", default="byte", help="byte | bpe | pretrained:DIR")
+    p.add_argument("--workers", type=_positive_int, default=1,
+                   help="data-parallel workers (DDP through Ray Train on a local Ray; each takes batch-size / "
+                        "workers of every batch, one CPU or GPU each; default 1: this process)")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)

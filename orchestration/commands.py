@@ -44,6 +44,9 @@ def cmd_train(args) -> int:
         precision=args.precision, seed=args.seed, val_every=args.val_every, eval_batches=args.eval_batches,
     )
     check_compatible(model_cfg, train_cfg)
+    if train_cfg.batch_size % args.workers:
+        raise HeadroomInputError(f"--workers: batch size {train_cfg.batch_size} is not divisible by {args.workers} "
+                                 "workers (each takes an equal share of every batch)")
     try:
         data_cfg = DataConfig(source=args.data, shift=args.shift, tokenizer=args.tokenizer)
     except ValueError as e:
@@ -58,21 +61,65 @@ def cmd_train(args) -> int:
     set_threads()
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
-        result = train_lm(model_cfg, train_cfg, data_cfg, checkpoint_dir=staging / "checkpoints",
-                          progress=not args.quiet)
-        write_run(result, staging, staging / "checkpoints" / "last.ckpt")
-        shutil.rmtree(staging / "checkpoints", ignore_errors=True)
+        if args.workers > 1:
+            m = _train_data_parallel(args.workers, model_cfg, train_cfg, data_cfg, staging, not args.quiet)
+        else:
+            result = train_lm(model_cfg, train_cfg, data_cfg, checkpoint_dir=staging / "checkpoints",
+                              progress=not args.quiet)
+            write_run(result, staging, staging / "checkpoints" / "last.ckpt")
+            m = result.metrics
+        for scratch in ("checkpoints", "ray"):
+            shutil.rmtree(staging / scratch, ignore_errors=True)
         if out.exists():
             out.rmdir()
         os.replace(staging, out)  # complete or absent: never a half-written run under the name asked for
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    m = result.metrics
     finals = ", ".join(f"{k} {v['loss']:.4f}" for k, v in m["final"].items())
+    par = f" on {args.workers} data-parallel workers" if args.workers > 1 else ""
     print(f"trained {model_cfg.family} scale {args.scale}, {model_cfg.layer_heads[0]} heads x {model_cfg.head_dim}:"
-          f" {m['params']:,} params, {m['steps']} steps, {m['tokens_per_s']:,.0f} tokens/s; loss {finals}")
+          f" {m['params']:,} params, {m['steps']} steps{par}, {m['tokens_per_s']:,.0f} tokens/s; loss {finals}")
     print(f"wrote {out}/ (model/, last.ckpt, metrics.json)")
     return 0
+
+
+def _train_data_parallel(workers: int, model_cfg, train_cfg, data_cfg, staging: Path, progress: bool) -> dict:
+    """`headroom train --workers W`: the run trained by W Ray Train workers on a local Ray (one CPU each, or
+    one GPU each where there are GPUs); rank 0 writes it into `staging`. Returns its metrics."""
+    import ray
+    import torch
+
+    from .ddp import fit
+
+    gpu = 1 if torch.cuda.device_count() >= workers else 0
+    ray.init(address="local", num_cpus=max(workers, os.cpu_count() or 1), logging_level="ERROR",
+             include_dashboard=False, log_to_driver=progress)
+    try:
+        fit(_train_worker, {"model": model_cfg.model_dump(mode="json"), "train": train_cfg.model_dump(mode="json"),
+                            "data": data_cfg.model_dump(mode="json"), "out": str(staging.resolve()), "progress": progress},
+            workers=workers, cpu=1, gpu=gpu, storage=str((staging / "ray").resolve()), name="train", retries=0,
+            in_tune=False)
+    finally:
+        ray.shutdown()
+    return json.loads((staging / "metrics.json").read_text())
+
+
+def _train_worker(config: dict) -> None:
+    """One rank of `headroom train --workers W`."""
+    from lightning_modules.config import ModelConfig
+    from lightning_modules.train import train_lm, write_run
+
+    from .ddp import Session, lightning_ddp, worker_setup
+
+    quiet_frameworks()
+    worker_setup()
+    rank = Session(train=True).rank
+    out = Path(config["out"])
+    result = train_lm(ModelConfig(**config["model"]), TrainConfig(**config["train"]), DataConfig(**config["data"]),
+                      checkpoint_dir=out / "checkpoints", progress=config["progress"] and rank == 0,
+                      final_eval=rank == 0, distributed=lightning_ddp())
+    if rank == 0:
+        write_run(result, out, out / "checkpoints" / "last.ckpt")
 
 
 def _checkpoint_setup(args):

@@ -164,6 +164,12 @@ def _prune_cost(sweep: Sweep, u: Unit, plan: PrunePlan, fwd_dense: int, fwd_prun
 # ------------------------------------------------------------------------------------------------ rows
 
 
+def _resources(sweep: Sweep, u: Unit) -> dict:
+    """What the unit's trial asks for: its scale's resources; a prune trial scores and prunes on one worker."""
+    r = sweep.resources_for(u.scale).as_dict()
+    return {**r, "workers": 1} if u.stage == "prune" else r
+
+
 def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: int, est: int, sweep: Sweep,
          heads: list[int] | None, lr, trials=None) -> PlanRow:
     t = u.train
@@ -176,7 +182,7 @@ def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: 
         lr_source=source, steps=steps, tokens=tokens, params=params, flops_per_token=fwd,
         train_flops=3 * fwd * tokens, est_flops=int(est), ratio=u.ratio, method=None if u.method == "none" else
         u.method, scope=None if u.scope == "none" else u.scope, seed=u.seed,
-        resources={"cpu": sweep.resources.cpu, "gpu": sweep.resources.gpu}, trials=trials, budget=u.budget,
+        resources=_resources(sweep, u), trials=trials, budget=u.budget,
         prune_at=u.prune_at if u.stage == "prune" else None)
 
 
@@ -261,7 +267,7 @@ def _si(x: float) -> str:
 
 def format_table(rows: list[PlanRow], vocab_note: str) -> str:
     head = ["stage", "scale", "T", "family", "arm", "method", "ratio", "at", "seed", "heads", "head_dim", "width",
-            "lr", "steps", "tokens", "params", "FLOPs/tok", "train FLOPs", "est. FLOPs"]
+            "lr", "steps", "tokens", "params", "FLOPs/tok", "train FLOPs", "est. FLOPs", "resources"]
     table = [head]
     for r in rows:
         heads = (",".join(map(str, r.heads)) if r.heads and len(set(r.heads)) > 1 else
@@ -271,7 +277,8 @@ def format_table(rows: list[PlanRow], vocab_note: str) -> str:
         table.append([r.stage, r.scale, "—" if r.budget is None else str(r.budget), r.family, r.arm,
                       r.method or "—", "—" if r.ratio is None else f"{r.ratio:g}",
                       "—" if r.prune_at is None else f"{r.prune_at:g}", seed, heads, str(r.head_dim), str(r.attention_width), lr, str(r.steps), _si(r.tokens),
-                      _si(r.params), _si(r.flops_per_token), _si(r.train_flops), _si(r.est_flops)])
+                      _si(r.params), _si(r.flops_per_token), _si(r.train_flops), _si(r.est_flops),
+                      _show_resources(r.resources)])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -285,7 +292,45 @@ def format_table(rows: list[PlanRow], vocab_note: str) -> str:
     lines.append("Estimates count training (3 × forward), evaluation, scoring and fine-tuning; a whole-split "
                  "evaluation is counted at its cap. Global-scope rows show the total kept heads: the scores choose "
                  "each layer's.")
+    lines.append(cluster_note(rows))
     return "\n".join(lines)
+
+
+def _show_resources(r: dict) -> str:
+    one = f"{r['cpu']:g} CPU" + (f" {r['gpu']:g} GPU" if r["gpu"] else "")
+    return one if r["workers"] == 1 else f"{r['workers']}×({one})"
+
+
+def cluster_needs(rows: list[PlanRow]) -> dict[str, dict]:
+    """Per stage: {"trials", "cpu", "gpu"}: what running all of its trials at once holds (lr_search: the
+    largest search's candidates; the searches run one after another). A cluster of that size runs the stage in
+    one wave; a smaller one queues its trials."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        n = r.trials or 1
+        w = r.resources["workers"]
+        need = {"trials": n, "cpu": n * w * r.resources["cpu"], "gpu": n * w * r.resources["gpu"]}
+        s = out.setdefault(r.stage, {"trials": 0, "cpu": 0.0, "gpu": 0.0})
+        if r.stage == "lr_search":  # one search at a time: the largest one's candidates
+            if (need["gpu"], need["cpu"]) > (s["gpu"], s["cpu"]):
+                out[r.stage] = need
+            continue
+        for k in s:
+            s[k] += need[k]
+    return out
+
+
+def cluster_note(rows: list[PlanRow]) -> str:
+    needs = cluster_needs(rows)
+    if not needs:
+        return ""
+    parts = [f"{stage} {v['trials']} trial(s): {v['cpu']:g} CPU" + (f", {v['gpu']:g} GPU" if v["gpu"] else "")
+             for stage, v in needs.items()]
+    widest = max(needs.values(), key=lambda v: (v["gpu"], v["cpu"]))
+    gpus = f" and {widest['gpu']:g} GPUs" if widest["gpu"] else ""
+    return ("Resources to run each stage's trials all at once (lr_search: its largest search) — " + "; ".join(parts)
+            + f". A cluster of {widest['cpu']:g} CPUs{gpus} runs the widest stage in one wave; a smaller one "
+            "queues its trials, and any cluster with at least one trial's resources finishes the sweep.")
 
 
 def check_units(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:

@@ -34,7 +34,10 @@ A sweep file, with the defaults of the fields it may leave out:
                                     # per architecture trained from scratch; absent: the scale preset's
     probes: {every: 50, method: gradient, batches: 2, redundancy: true}   # absent: no probes
     trust: {final_drop: 0.05}       # thresholds of the report's trust diagnostics
-    resources: {cpu: 1, gpu: 0}     # per trial
+    resources: {cpu: 1, gpu: 0, workers: 1}   # per trial: cpu and gpu per worker (gpu may be fractional:
+                                    # trials share a GPU); workers > 1: data-parallel through Ray Train. A scale's
+                                    # own `resources` (scales: {l: {resources: {gpu: 1, workers: 4}}}) replaces
+                                    # the fields it gives
     retries: 2                      # Ray retries of a failed trial (it continues from its checkpoint)
     storage: ./ray_results          # or s3://bucket/prefix; CLI --storage overrides
     tracking_uri: sqlite:///mlflow.db   # CLI --tracking-uri overrides
@@ -115,12 +118,42 @@ class TrainOverrides(Strict):
     mlm_probability: float | None = Field(default=None, gt=0, lt=1)
 
 
+class Resources(Strict):
+    """What one trial asks of the cluster. `cpu` and `gpu` are per worker; `gpu` may be fractional (trials share
+    a GPU); `workers > 1` trains data-parallel (DDP through Ray Train inside the Tune trial), each worker taking
+    batch_size / workers of every global batch. Head scoring and pruning run on one worker's share."""
+
+    cpu: float = Field(default=1, gt=0)
+    gpu: float = Field(default=0, ge=0)
+    workers: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _devices(self):
+        if self.gpu > 1:
+            raise ValueError("one worker trains on one GPU; for more, set workers (gpu is per worker)")
+        if self.workers > 1 and 0 < self.gpu < 1:
+            raise ValueError("data-parallel workers cannot share a GPU; give each worker gpu: 1, or use workers: 1")
+        return self
+
+    def as_dict(self) -> dict:
+        return {"cpu": self.cpu, "gpu": self.gpu, "workers": self.workers}
+
+
+class ScaleResources(Strict):
+    """A scale's own resources: the fields given replace the sweep's (`scales: {s: {resources: {gpu: 0.25}}}`)."""
+
+    cpu: float | None = Field(default=None, gt=0)
+    gpu: float | None = Field(default=None, ge=0)
+    workers: int | None = Field(default=None, ge=1)
+
+
 class ScaleSpec(Strict):
     # dense budget T (default: the preset's); a list trains each budget as its own dense run with its own
     # controls and prunes (the training-budget axis of the report's trend)
     steps: int | list[int] | None = None
     heads: int | None = Field(default=None, gt=0)  # dense head count H (default: the preset's)
     overrides: TrainOverrides = TrainOverrides()
+    resources: ScaleResources | None = None  # per trial at this scale (default: the sweep's)
 
     @field_validator("steps", mode="before")
     @classmethod
@@ -214,11 +247,6 @@ class TrustSpec(Strict):
     final_drop: float = Field(default=0.05, gt=0, lt=1)
 
 
-class Resources(Strict):
-    cpu: float = Field(default=1, gt=0)
-    gpu: float = Field(default=0, ge=0)
-
-
 class PretrainedSpec(Strict):
     checkpoint: str  # a `headroom train` run directory or a Hugging Face model directory
     batch_size: int = Field(default=8, gt=0)
@@ -268,6 +296,14 @@ class Sweep(Strict):
     @property
     def families(self) -> list[str]:
         return self.family or ["decoder"]
+
+    def resources_for(self, scale: str | None) -> Resources:
+        """A trial's resources at `scale`: the scale's own fields over the sweep's (a scale the sweep does not
+        list, or None: the sweep's)."""
+        own = ((self.scales or {}).get(scale) or ScaleSpec()).resources if scale else None
+        if own is None:
+            return self.resources
+        return Resources(**{**self.resources.as_dict(), **own.model_dump(exclude_none=True)})
 
     def dense_heads(self, scale: str) -> int:
         s = (self.scales or {})[scale]
@@ -380,6 +416,17 @@ def _check_ratios(s: Sweep, layer_heads: list[int], what: str) -> None:
                 raise HeadroomInputError(f"prune.ratios[{i}]: {e} of {what}") from None
 
 
+def _check_resources(s: Sweep, scale: str, batch_size: int) -> None:
+    where = f"scales.{scale}.resources" if s.scales[scale].resources is not None else "resources"
+    try:
+        r = s.resources_for(scale)
+    except ValidationError as e:
+        raise HeadroomInputError(f"scales.{scale}.resources: {_message(e.errors()[0])}") from None
+    if batch_size % r.workers:
+        raise HeadroomInputError(f"{where}.workers: scale {scale}'s batch_size {batch_size} is not divisible by "
+                                 f"{r.workers} workers (each takes an equal share of every batch)")
+
+
 def check_sweep(s: Sweep) -> None:
     """What one field cannot say alone. Raises HeadroomInputError('field.path: message')."""
     if s.pretrained is not None:
@@ -413,6 +460,7 @@ def check_sweep(s: Sweep) -> None:
         except HeadroomInputError as e:
             raise HeadroomInputError(f"scales.{name}: {e}") from None
         _check_ratios(s, model.layer_heads, f"scale {name}")
+        _check_resources(s, name, train.batch_size)
     if s.lr is not None and s.lr.search is not None:
         for name in s.scales or {}:
             if s.lr.search.steps > min(s.scales[name].budgets(name)):

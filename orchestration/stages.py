@@ -43,6 +43,9 @@ from .report import headline_table, write_report
 from .spec import Sweep, resolve_tracking_uri
 from .summary import loss_table, timing
 
+# what the trial function of a data-parallel trial holds while its Ray Train workers train: memory for the
+# process (torch imported), no CPU — it waits, and a share of a CPU would keep W one-CPU workers off a W-CPU node
+DRIVER_BUNDLE = {"memory": 2**30}
 FAULT_ENV = "HEADROOM_TEST_FAULT_STEP"  # test-only: the first dense train trial to reach this step kills itself
 
 
@@ -105,7 +108,6 @@ class Sweeper:
         self.sweep, self.sweep_file, self.sweep_text = sweep, sweep_file, sweep_text
         self.where, self.resume, self.progress = where, resume, progress
         self.base = f"{sweep.name}-{self.hash[:8]}"
-        self.resources = {"cpu": sweep.resources.cpu, "gpu": sweep.resources.gpu}
         self.missing: list[str] = []
         self.vocab_size = 0  # set by preflight(): the tokenizer's
         self.stage_seconds: dict[str, float] = {}  # wall time of each stage's Tuner runs
@@ -116,20 +118,32 @@ class Sweeper:
         if self.progress:
             print(f"[headroom] {msg}", flush=True)
 
-    def _tune(self, stage: str, trainable, param_space: dict, unit_of, n: int, tune_config=None, **params):
-        """One Tuner over `n` trials; returns the TrackingCallback (what completed)."""
+    def _tune(self, stage: str, trainable, param_space: dict, unit_of, n: int, scales: set[str], scale_of,
+              tune_config=None, **params):
+        """One Tuner over `n` trials of units at `scales` (`scale_of(trial config)` says a trial's); returns the
+        TrackingCallback (what completed)."""
         from ray import tune
         from ray.tune.logger import JsonLoggerCallback
 
         from .tracking import TrackingCallback
 
         self._ray()
-        cb = TrackingCallback(self.tracker, unit_of, self.resources, self.say, n)
+        cb = TrackingCallback(self.tracker, unit_of, self._resources_of, self.say, n)
         skip = frozenset(self.tracker.finished_keys())
-        fn = tune.with_resources(tune.with_parameters(trainable, skip=skip, **params), self.resources)
+        trains = stage != "prune"
+        if trains:
+            params["ddp"] = self._ddp()
+        bundles = {s: self._trial_bundle(s, trains) for s in scales}  # plain data: Tune pickles the trainable
+        fn = tune.with_resources(tune.with_parameters(trainable, skip=skip, **params),
+                                 lambda config: tune.PlacementGroupFactory([bundles[scale_of(config)]]))
         name = f"{self.base}-{stage}-{time.strftime('%Y%m%d-%H%M%S')}"
         tc = tune_config or tune.TuneConfig()
-        tc.reuse_actors = True  # torch + transformers import once per worker, not once per trial
+        limit = self._concurrency(scales, trains)
+        if limit:  # data-parallel trials: Tune cannot see their workers' resources, so it is told how many fit
+            tc.max_concurrent_trials = limit
+        # torch + transformers import once per worker, not once per trial (a data-parallel trial's process only
+        # drives its Ray Train run, and Tune cannot reuse it)
+        tc.reuse_actors = limit is None
         tc.trial_name_creator = lambda t: f"{unit_of(t).name}_{t.trial_id[-5:]}"
         tc.trial_dirname_creator = lambda t: t.trial_id  # short paths; the name says the unit
         run_config = tune.RunConfig(
@@ -144,6 +158,46 @@ class Sweeper:
         group = "lr_search" if stage.startswith("lr-") else stage
         self.stage_seconds[group] = self.stage_seconds.get(group, 0.0) + time.time() - t0
         return cb
+
+    # ------------------------------------------------------------------------------------------- resources
+    def _resources_of(self, unit: Unit) -> dict:
+        """What a unit's trial holds: its scale's resources (a prune unit: one worker's share)."""
+        r = self.sweep.resources_for(unit.scale)
+        return {**r.as_dict(), "workers": 1 if unit.stage == "prune" else r.workers}
+
+    def _ddp(self) -> dict:
+        """scale -> how its train trials run data-parallel (absent: in the trial's own process)."""
+        out = {}
+        for scale in self.sweep.scales or {}:
+            r = self.sweep.resources_for(scale)
+            if r.workers > 1:
+                out[scale] = {**r.as_dict(), "storage": self.where.storage, "retries": self.sweep.retries,
+                              "prefix": self.base}
+        return out
+
+    def _trial_bundle(self, scale: str | None, trains: bool) -> dict:
+        """A trial's resources: its scale's, or for a data-parallel trial what the function that drives the Ray
+        Train run needs (the workers ask Ray for their own)."""
+        r = self.sweep.resources_for(scale)
+        if trains and r.workers > 1:
+            return dict(DRIVER_BUNDLE)
+        return {"CPU": r.cpu, **({"GPU": r.gpu} if r.gpu else {})}
+
+    def _concurrency(self, scales: set[str], trains: bool) -> int | None:
+        """How many trials of a stage with data-parallel ones may run at once: as many of its largest trial as
+        the cluster holds now (None: no data-parallel trial, Tune's own accounting suffices)."""
+        import ray
+
+        need = [r for r in map(self.sweep.resources_for, scales) if r.workers > 1] if trains else []
+        if not need:
+            return None
+        have = ray.cluster_resources()
+        fits = []
+        for r in need:
+            fits.append(int(have.get("CPU", 0) // (r.cpu * r.workers)))
+            if r.gpu:
+                fits.append(int(have.get("GPU", 0) // (r.gpu * r.workers)))
+        return max(1, min(fits))
 
     def _ray(self) -> None:
         """Ray starts (or is joined) only when a stage has trials to run: a finished sweep re-run needs none."""
@@ -208,8 +262,8 @@ class Sweeper:
                                       max_t=reports, grace_period=s.grace_period, reduction_factor=2)
                 tc = tune.TuneConfig(search_alg=searcher, scheduler=sched, num_samples=remaining)
                 self._tune(f"lr-{scale}-{family}-{arch}", train_trial, {"lr": tune.loguniform(s.low, s.high)},
-                           lambda tr, b=base: lr_candidate(b, tr.config["lr"]), remaining, tc,
-                           base=base.to_dict())
+                           lambda tr, b=base: lr_candidate(b, tr.config["lr"]), remaining, {scale},
+                           lambda config, sc=scale: sc, tc, base=base.to_dict())
                 study = optuna.load_study(study_name=study_name, storage=storage)
             best[(scale, family, arch)] = float(study.best_trial.params["lr"])
             self.say(f"lr_search {scale} {family} {arch}: best lr {best[(scale, family, arch)]:.3g} "
@@ -238,7 +292,8 @@ class Sweeper:
                 fault = {"step": int(os.environ[FAULT_ENV]),
                          "marker": str(self.where.local_storage / self.base / "fault-fired")}
                 Path(fault["marker"]).parent.mkdir(parents=True, exist_ok=True)
-            self._tune(stage, train_trial, self._grid(todo), self._unit_of, len(todo), fault=fault)
+            self._tune(stage, train_trial, self._grid(todo), self._unit_of, len(todo), {u.scale for u in todo},
+                       _scale_of, fault=fault)
 
     def prune(self, units: list[Unit], dense_uri) -> list[Unit]:
         from .trainables import prune_trial
@@ -254,7 +309,7 @@ class Sweeper:
             self.say(f"prune: all {len(runnable)} unit(s) finished already")
         if todo:
             self._tune("prune", prune_trial, self._grid(todo, lambda u: {"dense": dense_uri(u)}), self._unit_of,
-                       len(todo))
+                       len(todo), {u.scale for u in todo}, _scale_of)
         return runnable
 
     @staticmethod
@@ -370,6 +425,11 @@ class Sweeper:
             print("\n" + headline_table(rep))
         self.say(f"report: {out / 'report.html'} (and report.md, verdict.json)")
         return True
+
+
+def _scale_of(config: dict) -> str:
+    """The scale of a grid trial's unit, from its config."""
+    return config["cfg"]["unit"]["scale"]
 
 
 def _checkpoint_id(model_dir: str) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from ray.tune import Callback
 
+from .ddp import CHECKPOINT_KEY, checkpoint_uri
 from .plan import DONE, HISTORY, KEPT, RESUMED, WINDOWS_FILE, WORK, Unit
 from .runstore import mlflow_client, search_runs
 
@@ -206,23 +207,14 @@ class Tracker:
             self.children[key] = self.client.get_run(run.info.run_id)
 
 
-def checkpoint_uri(checkpoint) -> str:
-    """A persisted Tune checkpoint as a path or URI any node can open with `ray.tune.Checkpoint(uri)`."""
-    import pyarrow.fs
-
-    fs = checkpoint.filesystem
-    if fs is None or isinstance(fs, pyarrow.fs.LocalFileSystem):
-        return checkpoint.path
-    return f"{fs.type_name}://{checkpoint.path}"
-
-
 class TrackingCallback(Callback):
     """Driver-side Tune callback: trial events → the unit's MLflow run."""
 
     ARTIFACTS = ("scores.json", "scores.png", "prune_curve.png", "metrics.json", WINDOWS_FILE)
 
-    def __init__(self, tracker: Tracker, unit_of, resources: dict, say=None, total: int = 0):
-        self.tracker, self.unit_of, self.resources = tracker, unit_of, resources
+    def __init__(self, tracker: Tracker, unit_of, resources_of, say=None, total: int = 0):
+        # resources_of(unit) -> {"cpu", "gpu", "workers"}: what the unit's trial holds (cost/* metrics)
+        self.tracker, self.unit_of, self.resources_of = tracker, unit_of, resources_of
         self.say, self.total = say or (lambda msg: None), total
         self.runs: dict[str, tuple[Unit, str]] = {}  # trial id -> (unit, run id)
         self.completed: list[Unit] = []
@@ -248,14 +240,17 @@ class TrackingCallback(Callback):
         if "val/loss" in result:
             rows += [("val/loss", step, result["val/loss"]), ("val/ppl", step, result["val/ppl"])]
         self.tracker.log_stepped(run_id, rows)
+        if result.get(CHECKPOINT_KEY):  # a data-parallel trial's checkpoint, persisted by Ray Train
+            self.tracker.set_tags(run_id, {"headroom.checkpoint": result[CHECKPOINT_KEY]})
         if result.get(DONE):
             values = {k: v for k, v in result.items() if "/" in k and k not in STEPPED and isinstance(v, (int, float))}
             values.update({k: result[k] for k in ("params", "flops_per_token", "params_dense",
                                                   "flops_per_token_dense", "tokens_per_s", "prune_step", RESUMED)
                            if k in result})
             seconds = float(result.get("time_total_s", 0.0))
-            values["cost/cpu_s"] = seconds * self.resources.get("cpu", 1)
-            values["cost/gpu_s"] = seconds * self.resources.get("gpu", 0)
+            r = self.resources_of(unit)
+            values["cost/cpu_s"] = seconds * r["cpu"] * r["workers"]
+            values["cost/gpu_s"] = seconds * r["gpu"] * r["workers"]
             values["cost/wall_s"] = seconds
             if WORK in result:
                 values["cost/work_s"] = float(result[WORK])
@@ -275,6 +270,11 @@ class TrackingCallback(Callback):
             return
         unit, run_id = got
         ckpt = trial.checkpoint
+        forwarded = (trial.last_result or {}).get(CHECKPOINT_KEY)
+        if ckpt is None and forwarded:  # data-parallel: the checkpoint Ray Train persisted
+            from ray import tune
+
+            ckpt = tune.Checkpoint(forwarded)
         if ckpt is not None and (trial.last_result or {}).get(DONE):
             self.tracker.set_tags(run_id, {"headroom.checkpoint": checkpoint_uri(ckpt)})
             with ckpt.as_directory() as d, tempfile.TemporaryDirectory() as tmp:

@@ -69,32 +69,59 @@ def _timing(timing: dict) -> dict:
     return {f"cost/{k}": float(v) for k, v in timing.items() if k in ("train_s", "eval_s", "score_s")}
 
 
-def train_trial(config: dict, base: dict | None = None, fault: dict | None = None, skip: frozenset = frozenset()):
-    """Train one model (dense, a control, or an lr_search candidate when `base` is given and config has `lr`)."""
+def train_trial(config: dict, base: dict | None = None, fault: dict | None = None, skip: frozenset = frozenset(),
+                ddp: dict | None = None):
+    """Train one model (dense, a control, or an lr_search candidate when `base` is given and config has `lr`):
+    in this process, or — when `ddp` names the unit's scale — data-parallel on Ray Train workers."""
     cfg = {} if base else config["cfg"]
     unit = lr_candidate(Unit.from_dict(base), config["lr"]) if base else Unit.from_dict(cfg["unit"])
     if unit.key in skip:  # finished already: never run twice
         return
+    d = (ddp or {}).get(unit.scale)
+    if d:
+        from .ddp import fit
+
+        quiet_frameworks()
+        fit(_ddp_worker, {"unit": unit.to_dict(), "fault": fault}, workers=d["workers"], cpu=d["cpu"],
+            gpu=d["gpu"], storage=d["storage"], name=f"{d['prefix']}-ddp-{unit.key}", retries=d["retries"],
+            resume_from=cfg.get("resume_from"))
+        return
+    from .ddp import Session
+
     _setup()
+    _train_unit(unit, cfg.get("resume_from"), fault, Session(train=False))
+
+
+def _ddp_worker(config: dict) -> None:
+    """One Ray Train worker of a data-parallel train unit (Ray Train restores its newest checkpoint)."""
+    from .ddp import Session
+
+    _setup()
+    _train_unit(Unit.from_dict(config["unit"]), None, config["fault"], Session(train=True))
+
+
+def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session) -> None:
+    """A train unit's work in one process (a trial, or one rank of a data-parallel run): resume, train with a
+    report and checkpoint at every validation, evaluate (rank 0) and report the final checkpoint."""
     from lightning_modules.models import save_model
     from lightning_modules.train import Snapshots, train_lm
 
     from .callbacks import ReportAtValidation, StepHistory
 
     t0 = time.time()  # the unit's work, after this worker's one-time framework imports
-
+    lead = session.rank == 0
     work = Path(tempfile.mkdtemp(prefix="headroom-trial-"))
     ckpt_path = None
     # Ray's retry of this trial, or else (`--resume`) the unit's newest checkpoint from an earlier driver
-    resumed = tune.get_checkpoint()
-    if resumed is None and cfg.get("resume_from"):
-        resumed = tune.Checkpoint(cfg["resume_from"])
+    resumed = session.get_checkpoint()
+    if resumed is None and resume_from:
+        resumed = tune.Checkpoint(resume_from)
     if resumed is not None:
         resumed.to_directory(str(work / "resume"))
         if (work / "resume" / "metrics.json").exists():  # died after its final report: say it again
             metrics = json.loads((work / "resume" / "metrics.json").read_text())
-            tune.report({**_final_metrics(metrics), "step": metrics["steps"], HISTORY: "[]", DONE: 1},
-                        checkpoint=resumed)
+            session.report({**_final_metrics(metrics), "step": metrics["steps"], HISTORY: "[]", DONE: 1},
+                           str(work / "resume"))
             return
         ckpt_path = str(work / "resume" / LIGHTNING_FILE)
     is_search = unit.stage == "lr_search"
@@ -102,7 +129,8 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
     snaps = work / SNAPSHOTS_DIR
     if unit.snapshots and (work / "resume" / SNAPSHOTS_DIR).is_dir():  # the ones written before a restart
         shutil.copytree(work / "resume" / SNAPSHOTS_DIR, snaps)
-    report = ReportAtValidation(history, save_checkpoints=not is_search, keep=snaps if unit.snapshots else None)
+    report = ReportAtValidation(history, session.report, save_checkpoints=not is_search,
+                                keep=snaps if unit.snapshots else None)
     callbacks = [history, report]
     if unit.snapshots:
         callbacks.append(Snapshots(unit.snapshots, snaps))
@@ -113,9 +141,17 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
         callbacks.insert(0, ProbeCallback(lambda rows: history.rows.extend(rows), every=p.every, method=p.method,
                                           batches=p.batches, tolerance=p.tolerance, redundancy=p.redundancy,
                                           seed=unit.seed))
-    result = train_lm(unit.model, unit.train, unit.data, ckpt_path=ckpt_path,
-                      callbacks=callbacks, progress=False, final_eval=not is_search)
+    distributed = None
+    if session.world > 1:
+        from .ddp import lightning_ddp
+
+        distributed = lightning_ddp()
+    result = train_lm(unit.model, unit.train, unit.data, ckpt_path=ckpt_path, callbacks=callbacks, progress=False,
+                      final_eval=lead and not is_search, distributed=distributed)
     m = result.metrics
+    if not lead:  # rank 0 reports the result; every rank reports as often (Ray Train's reports are a barrier)
+        session.report({"step": m["steps"]})
+        return
     timing = {**m["timing"], "score_s": callbacks[0].seconds if unit.probes else 0.0}
     final = {**_final_metrics(m), **_timing(timing), "step": m["steps"], HISTORY: history.take(), DONE: 1,
              WORK: time.time() - t0, RESUMED: history.start_step if history.start_step is not None else m["steps"]}
@@ -127,7 +163,7 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
             v = evaluate(result.lm.model, result.data.loader("val", t.val_batches))
             report.last_val = (v["loss"], v["ppl"])
         final.update({"val/loss": report.last_val[0], "val/ppl": report.last_val[1]})
-        tune.report(final)
+        session.report(final)
         return
     out = work / "final"
     save_model(result.lm.model, out / "model", result.data.tokenizer)
@@ -139,7 +175,7 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
             raise RuntimeError(f"{unit.name}: no checkpoint kept at step(s) {missing}")
         shutil.copytree(snaps, out / SNAPSHOTS_DIR)
     final[WORK] = time.time() - t0
-    tune.report(final, checkpoint=tune.Checkpoint.from_directory(str(out)))
+    session.report(final, str(out))
 
 
 def _dense_checkpoint(uri: str, work: Path):
