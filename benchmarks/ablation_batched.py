@@ -25,6 +25,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--max-rows", type=int, default=256, help="rows of one batched forward pass")
+    ap.add_argument("--device", default="auto", help="cpu | cuda | auto (cuda when there is one)")
     ap.add_argument("--out", default="benchmarks/results/ablation_batched.json")
     args = ap.parse_args(argv)
 
@@ -38,7 +39,8 @@ def main(argv=None) -> dict:
     mcfg = model_config_for(args.scale, args.family)
     tcfg = train_config_for(args.scale, batch_size=args.batch_size, seq_len=args.seq_len)
     data = HeadroomData(DataConfig(), tcfg, args.family).prepare()
-    model = build_model(mcfg, seed=0).eval()
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    model = build_model(mcfg, seed=0).eval().to(device)
     batches = list(data.loader("calibration", args.batches))
 
     def timed(**kw):

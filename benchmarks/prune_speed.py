@@ -27,6 +27,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--ratios", default="0.25,0.5,0.75")
+    ap.add_argument("--device", default="auto", help="cpu | cuda | auto (cuda when there is one)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and activations")
     ap.add_argument("--out", default="benchmarks/results/prune_speed.json")
     args = ap.parse_args(argv)
 
@@ -39,16 +41,17 @@ def main(argv=None) -> dict:
     from lightning_modules.scoring import score_random
 
     cfg = model_config_for(args.scale, args.family)
-    dense = build_model(cfg, seed=0).eval()
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    dense = build_model(cfg, seed=0).eval().to(device=device, dtype=getattr(torch, args.dtype))
     batch = {"input_ids": torch.randint(0, 256, (args.batch_size, args.seq_len),
-                                        generator=torch.Generator().manual_seed(0))}
+                                        generator=torch.Generator().manual_seed(0)).to(device)}
     f_dense = forward_flops(dense, args.seq_len)["total"]
     t_dense = measure_latency(dense, batch, args.repeats, args.warmup)
     rows = []
     for r in (float(x) for x in args.ratios.split(",")):
         keep = heads_to_keep(score_random(dense, seed=0), cfg.layer_heads, r, "per_layer")
         gate = head_gate(dense)
-        gate.mask(keep)
+        gate.mask(keep, device=device)
         t_masked = measure_latency(dense, batch, args.repeats, args.warmup)
         gate.clear()
         pruned = prune_heads(copy.deepcopy(dense), keep)
@@ -62,7 +65,7 @@ def main(argv=None) -> dict:
             "speedup_measured": measured, "speedup_predicted_from_flops": predicted,
             "measured_over_predicted": measured / predicted})
     res = {"benchmark": "prune_speed", "scale": args.scale, "family": args.family, "batch_size": args.batch_size,
-           "seq_len": args.seq_len, "repeats": args.repeats, "device": "cuda" if torch.cuda.is_available() else "cpu",
+           "seq_len": args.seq_len, "repeats": args.repeats, "device": device, "dtype": args.dtype,
            "threads": torch.get_num_threads(), "rows": rows, "goal_abs_error": 0.10}
     res["meets_goal"] = args.batch_size >= 16 and all(abs(x["measured_over_predicted"] - 1) <= 0.10 for x in rows)
     out = Path(args.out)

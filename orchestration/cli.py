@@ -89,6 +89,9 @@ def _add_train(sub) -> None:
     p.add_argument("--workers", type=_positive_int, default=1,
                    help="data-parallel workers (DDP through Ray Train on a local Ray; each takes batch-size / "
                         "workers of every batch, one CPU or GPU each; default 1: this process)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (as HEADROOM_COMPILE=1 does for a sweep's trials); see "
+                        "benchmarks/kernels.py for what it buys")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
@@ -178,6 +181,22 @@ BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
     "sweep_reuse": ["--tiny"],
     "compute_share": ["--tiny"],
     "faults": ["--tiny"],  # needs PostgreSQL 15's server binaries and kubectl (benchmarks/stack.py)
+    "kernels": ["--steps", "6", "--warmup", "2", "--repeats", "1", "--batch-size", "4", "--seq-len", "32",
+                "--compile-backend", "aot_eager"],
+}
+GPU_BENCHMARKS = {  # `headroom bench --gpu`: the GPU questions, sized to fit a few minutes of one GPU
+    # MFU at l and xl (and the Lightning ÷ plain-loop ratio at m)
+    "train_overhead": ["--scale", "m", "--steps", "120", "--warmup", "20", "--mfu-scales", "l,xl",
+                       "--mfu-steps", "60"],
+    # batched ablation vs one mask per pass: goal ≥ 3× on a GPU
+    "ablation_batched": ["--scale", "l", "--batches", "2", "--batch-size", "8", "--seq-len", "256",
+                         "--max-rows", "256", "--device", "cuda"],
+    # what SDPA, torch.compile, bf16-mixed and fused AdamW each buy in a training step
+    "kernels": ["--scale", "l", "--steps", "30", "--warmup", "10", "--repeats", "3", "--batch-size", "16",
+                "--seq-len", "512"],
+    # pruned latency vs the FLOP prediction at batch 64 in bf16: goal within 10%
+    "prune_speed": ["--scale", "l", "--batch-size", "64", "--seq-len", "512", "--dtype", "bfloat16",
+                    "--device", "cuda", "--repeats", "20", "--warmup", "5"],
 }
 
 
@@ -187,6 +206,9 @@ def _add_bench(sub) -> None:
                                    "JSON) and print the ratios against their goals.")
     p.add_argument("names", nargs="*", help=f"which (default all): {', '.join(BENCHMARKS)}")
     p.add_argument("--tiny", action="store_true", help="the tiny sizes CI uses (checks that they run, not speed)")
+    p.add_argument("--gpu", action="store_true",
+                   help=f"the GPU measurements ({', '.join(GPU_BENCHMARKS)} at GPU sizes: MFU at l and xl, batched "
+                        "ablation, pruned latency in bf16); needs a CUDA GPU")
     p.add_argument("--out-dir", default="benchmarks/results", help="where the JSON goes")
     p.set_defaults(func=cmd_bench)
 
@@ -312,16 +334,25 @@ def cmd_report(args) -> int:
 
 def cmd_bench(args) -> int:
     root = Path(__file__).resolve().parents[1] / "benchmarks"
-    names = args.names or list(BENCHMARKS)
+    table = GPU_BENCHMARKS if args.gpu else BENCHMARKS
+    if args.gpu and args.tiny:
+        raise HeadroomInputError("bench: --gpu and --tiny exclude each other")
+    names = args.names or list(table)
     for n in names:
-        if n not in BENCHMARKS:
-            raise HeadroomInputError(f"bench: unknown benchmark {n!r}; choose from {', '.join(BENCHMARKS)}")
+        if n not in table:
+            raise HeadroomInputError(f"bench: unknown benchmark {n!r}; choose from {', '.join(table)}")
+    if args.gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise HeadroomInputError("bench --gpu: no CUDA GPU is visible on this machine")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     failed = 0
     for n in names:
         out = out_dir / f"{n}.json"
-        cmd = [sys.executable, str(root / f"{n}.py"), *(BENCHMARKS[n] if args.tiny else []), "--out", str(out)]
+        sized = GPU_BENCHMARKS[n] if args.gpu else BENCHMARKS[n] if args.tiny else []
+        cmd = [sys.executable, str(root / f"{n}.py"), *sized, "--out", str(out)]
         print(f"== {n}: {' '.join(cmd[1:])}", flush=True)
         r = subprocess.run(cmd, check=False)
         if r.returncode != 0 or not out.exists():
@@ -333,6 +364,11 @@ def cmd_bench(args) -> int:
                      "see JSON")
         goal = res.get("goal", res.get("goal_abs_error"))
         print(f"{n}: {value}; goal {goal}; meets goal: {res.get('meets_goal')}  ({out})")
+        if res.get("mfu"):
+            m = res["mfu"]
+            print(f"{n}: MFU " + ", ".join(f"{k} {v['mfu']:.1%}" for k, v in m.items() if isinstance(v, dict))
+                  + f" of a measured peak of {m['peak_flops'] / 1e12:.0f} TFLOP/s; goal {res['goal_mfu']:.0%} "
+                  f"at xl; meets goal: {res.get('meets_goal_mfu')}")
     return 1 if failed else 0
 
 

@@ -62,10 +62,11 @@ def cmd_train(args) -> int:
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
         if args.workers > 1:
-            m = _train_data_parallel(args.workers, model_cfg, train_cfg, data_cfg, staging, not args.quiet)
+            m = _train_data_parallel(args.workers, model_cfg, train_cfg, data_cfg, staging, not args.quiet,
+                                     args.compile)
         else:
             result = train_lm(model_cfg, train_cfg, data_cfg, checkpoint_dir=staging / "checkpoints",
-                              progress=not args.quiet)
+                              progress=not args.quiet, compile=args.compile)
             write_run(result, staging, staging / "checkpoints" / "last.ckpt")
             m = result.metrics
         for scratch in ("checkpoints", "ray"):
@@ -83,7 +84,8 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _train_data_parallel(workers: int, model_cfg, train_cfg, data_cfg, staging: Path, progress: bool) -> dict:
+def _train_data_parallel(workers: int, model_cfg, train_cfg, data_cfg, staging: Path, progress: bool,
+                         compile: bool = False) -> dict:
     """`headroom train --workers W`: the run trained by W Ray Train workers on a local Ray (one CPU each, or
     one GPU each where there are GPUs); rank 0 writes it into `staging`. Returns its metrics."""
     import ray
@@ -96,7 +98,8 @@ def _train_data_parallel(workers: int, model_cfg, train_cfg, data_cfg, staging: 
              include_dashboard=False, log_to_driver=progress)
     try:
         fit(_train_worker, {"model": model_cfg.model_dump(mode="json"), "train": train_cfg.model_dump(mode="json"),
-                            "data": data_cfg.model_dump(mode="json"), "out": str(staging.resolve()), "progress": progress},
+                            "data": data_cfg.model_dump(mode="json"), "out": str(staging.resolve()), "progress": progress,
+                            "compile": compile},
             workers=workers, cpu=1, gpu=gpu, storage=str((staging / "ray").resolve()), name="train", retries=0,
             in_tune=False)
     finally:
@@ -117,7 +120,7 @@ def _train_worker(config: dict) -> None:
     out = Path(config["out"])
     result = train_lm(ModelConfig(**config["model"]), TrainConfig(**config["train"]), DataConfig(**config["data"]),
                       checkpoint_dir=out / "checkpoints", progress=config["progress"] and rank == 0,
-                      final_eval=rank == 0, distributed=lightning_ddp())
+                      final_eval=rank == 0, distributed=lightning_ddp(), compile=config["compile"])
     if rank == 0:
         write_run(result, out, out / "checkpoints" / "last.ckpt")
 

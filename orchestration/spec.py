@@ -289,6 +289,8 @@ class Sweep(Strict):
     def spec_hash(self) -> str:
         """Hash of the resolved spec, without where it runs (storage, tracking, resources, retries)."""
         science = self.model_dump(mode="json", exclude={"storage", "tracking_uri", "resources", "retries"})
+        for sc in (science.get("scales") or {}).values():
+            del sc["resources"]  # a scale's resources too (and sweeps from before they existed keep their hash)
         if science["prune"]["at"] == [1.0]:  # the default (pruning the trained model): sweeps from before keep
             del science["prune"]["at"]  # their hash, so --resume finds their runs
         return hashlib.sha256(json.dumps(science, sort_keys=True).encode()).hexdigest()[:12]

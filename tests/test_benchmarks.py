@@ -22,6 +22,8 @@ def test_train_overhead_writes_json(tmp_path):
     # exactly as the LightningModule does (same init, data order, optimizer, schedule, clipping)
     assert res["window_tokens"]["plain"] == res["window_tokens"]["lightning"] == (6 - 2) * 4 * 32
     assert res["final_train_loss"]["plain"] == pytest.approx(res["final_train_loss"]["lightning"], rel=1e-5)
+    # MFU is a GPU measurement: here the JSON says it was not measured rather than printing a number
+    assert res["mfu"] is None and res["meets_goal_mfu"] is None and "no GPU" in res["mfu_note"]
 
 
 def _run(script, out, *args):
@@ -77,6 +79,26 @@ def test_compute_share_through_headroom_bench(tmp_path):
     assert 0 < res["ratio"] <= 1 and 0 < res["machine_share"] <= res["ratio"]
     assert set(res["by_stage"]) == {"train", "prune"} and res["work_s"] <= res["trial_s"]
     assert f"compute_share: ratio {res['ratio']:.3g}; goal 0.6" in r.stdout
+
+
+def test_kernels_writes_json_through_headroom_bench(tmp_path):
+    """SDPA vs eager and torch.compile vs not, interleaved; bf16 and fused AdamW say they need a GPU."""
+    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "bench", "kernels", "--tiny", "--out-dir",
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "kernels.json").read_text())
+    assert res["benchmark"] == "kernels" and res["device"] == "cpu" and res["compile_backend"] == "aot_eager"
+    assert set(res["choices"]) == {"sdpa", "compile"} and set(res["not_measured"]) == {"bf16", "fused"}
+    for c in res["choices"].values():
+        assert len(c["samples"]) == 1 and all(s["with"] > 0 and s["without"] > 0 for s in c["samples"])
+        assert c["median_ratio"] == pytest.approx(c["samples"][0]["with"] / c["samples"][0]["without"])
+
+
+def test_headroom_bench_gpu_says_there_is_no_gpu_here():
+    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "bench", "--gpu"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["headroom: error: bench --gpu: no CUDA GPU is visible on this machine"]
 
 
 def test_headroom_bench_refuses_an_unknown_benchmark():

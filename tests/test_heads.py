@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lightning_modules.config import HeadroomInputError
-from lightning_modules.heads import head_gate, kv_plan, layer_heads, layer_shapes, prune_heads
-from lightning_modules.models import load_model, save_model, token_losses
+from lightning_modules.heads import head_gate, keep_mask, kv_plan, layer_heads, layer_shapes, prune_heads
+from lightning_modules.models import load_model, save_model, set_attention, token_losses
 
 FAMILIES = ["decoder", "encoder", "llama_gqa", "gpt2", "bert"]
 
@@ -83,6 +83,28 @@ def test_gate_all_ones_is_exactly_ungated(model):
     assert torch.equal(_logits(model, ids), ref)
     gate.clear()
     assert torch.equal(_logits(model, ids), ref)
+
+
+@pytest.mark.parametrize("model", FAMILIES, indirect=True)
+def test_gated_sdpa_equals_gated_eager(model):
+    """Training and evaluation run transformers' SDPA attention (flash kernels on a GPU); scoring switches to
+    eager where it needs attention weights. The head gate must act the same in both, in fp32 to 1e-5: a mask
+    for the batch, and a different gate per example."""
+    ids = _ids(model.config.vocab_size)
+    gate = head_gate(model)
+    g = torch.Generator().manual_seed(1)
+    masks = {"mask": keep_mask(_keeps(model)["uneven"], layer_heads(model)),
+             "per_example": torch.rand(ids.shape[0], len(layer_heads(model)), max(layer_heads(model)), generator=g)}
+    for name, values in masks.items():
+        out = {}
+        for kind in ("sdpa", "eager"):
+            set_attention(model, kind)
+            gate.set(values)
+            out[kind] = _logits(model, ids)
+        gate.clear()
+        set_attention(model, "sdpa")
+        assert (out["sdpa"] - _logits(model, ids)).abs().max() > 1e-3, "the gate should change the output"
+        torch.testing.assert_close(out["sdpa"], out["eager"], atol=1e-5, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("which", ["uniform", "uneven"])

@@ -71,6 +71,18 @@ BAD = [
     ("probes-every-zero", GOOD + "probes: {every: 0}\n", "probes.every"),
     ("probes-unknown-method", GOOD + "probes: {every: 10, method: psychic}\n", "probes.method: unknown method"),
     ("probes-unknown-key", GOOD + "probes: {every: 10, cka: true}\n", "probes.cka: unknown key"),
+    ("workers-zero", GOOD + "resources: {workers: 0}\n", "resources.workers"),
+    ("workers-share-a-gpu", GOOD + "resources: {gpu: 0.5, workers: 2}\n",
+     "resources: data-parallel workers cannot share a GPU"),
+    ("gpus-per-worker", GOOD + "resources: {gpu: 2}\n", "resources: one worker trains on one GPU"),
+    ("workers-split-batch", GOOD + "resources: {workers: 3}\n",
+     "resources.workers: scale xs's batch_size 4 is not divisible by 3 workers"),
+    ("scale-workers-split-batch", GOOD.replace("seq_len: 32}}", "seq_len: 32}, resources: {workers: 3}}"),
+     "scales.xs.resources.workers: scale xs's batch_size 4 is not divisible by 3 workers"),
+    ("scale-workers-share-a-gpu", GOOD.replace("seq_len: 32}}", "seq_len: 32}, resources: {workers: 2}}")
+     + "resources: {gpu: 0.25}\n", "scales.xs.resources: data-parallel workers cannot share a GPU"),
+    ("scale-resources-unknown-key", GOOD.replace("seq_len: 32}}", "seq_len: 32}, resources: {tpu: 1}}"),
+     "scales.xs.resources.tpu: unknown key"),
 ]
 
 _PROBE = """
@@ -205,7 +217,10 @@ def test_spec_hash_ignores_where_it_runs():
     a = parse_sweep(GOOD)
     b = parse_sweep(GOOD + "storage: s3://bucket/x\ntracking_uri: http://mlflow:5000\nresources: {cpu: 4}\n")
     c = parse_sweep(GOOD.replace("seeds: [0, 1]", "seeds: [0, 2]"))
-    assert a.spec_hash() == b.spec_hash() != c.spec_hash()
+    d = parse_sweep(GOOD.replace("seq_len: 32}}", "seq_len: 32}, resources: {gpu: 0.25}}"))
+    assert a.spec_hash() == b.spec_hash() == d.spec_hash() != c.spec_hash()
+    # the hash of a sweep file from before resources existed: a sweep resumed after an upgrade finds its runs
+    assert a.spec_hash() == "927dd66c7e03"
 
 
 def test_plan_keys_tags_and_budgets():

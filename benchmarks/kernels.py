@@ -1,0 +1,130 @@
+"""What each training kernel choice buys, measured side by side: training tokens/s of one choice ÷ its
+alternative, the two measured in turn (A B A B ..., the order alternating) on the same model, data and batch;
+the median of the per-pair ratios, with all samples, written to JSON.
+
+    python benchmarks/kernels.py [--scale xs] [--steps 30] [--warmup 5] [--repeats 3] [--out FILE]
+
+Choices (each where it means something on this device):
+  sdpa      transformers' SDPA attention ÷ eager attention (both families' default is SDPA; scoring switches to
+            eager where it needs attention weights)
+  compile   torch.compile (nn.Module.compile, what HEADROOM_COMPILE=1 / `headroom train --compile` turn on)
+            ÷ not compiled; warm-up steps (the compilation) are not timed
+  bf16      bf16-mixed autocast ÷ fp32 (GPU only: a CPU has no fast bf16 path worth timing)
+  fused     fused AdamW ÷ the default (foreach) AdamW (GPU only: the fused kernel is CUDA's)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def steps_per_s(model_cfg, train_cfg, batches, *, attention="sdpa", compile_backend=None, bf16=False,
+                fused=None, warmup=5) -> float:
+    """Training tokens/s of `len(batches) - warmup` timed steps (forward, backward, AdamW) of a fresh model."""
+    import torch
+
+    from lightning_modules.lm import make_optimizer
+    from lightning_modules.models import build_model, mean_loss, set_attention
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = build_model(model_cfg, seed=0).to(device).train()
+    set_attention(model, attention)
+    if compile_backend:
+        model.compile(backend=compile_backend)
+    opt, _ = make_optimizer(model, train_cfg)
+    if fused is not None:  # the same groups and settings, only the kernel differs
+        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in opt.param_groups]
+        opt = torch.optim.AdamW(groups, lr=train_cfg.lr, betas=train_cfg.betas, fused=fused)
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=bf16)
+    tokens, t0 = 0, None
+    for i, batch in enumerate(batches):
+        if i == warmup:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        batch = {k: v.to(device) for k, v in batch.items()}
+        with autocast:
+            loss = mean_loss(model, batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if t0 is not None:
+            tokens += batch["input_ids"].numel()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return tokens / (time.perf_counter() - t0)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", default="xs")
+    ap.add_argument("--family", default="decoder")
+    ap.add_argument("--steps", type=int, default=30, help="steps per measurement, warm-up included")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved pairs per choice")
+    ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--seq-len", type=int)
+    ap.add_argument("--compile-backend", default="inductor",
+                    help="torch.compile backend (CI's tiny run uses aot_eager: tracing without code generation)")
+    ap.add_argument("--out", default="benchmarks/results/kernels.json")
+    args = ap.parse_args(argv)
+
+    import logging
+    import warnings
+
+    import torch
+
+    from lightning_modules.config import DataConfig, model_config_for, train_config_for
+    from lightning_modules.data import HeadroomData
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    gpu = torch.cuda.is_available()
+    model_cfg = model_config_for(args.scale, args.family)
+    train_cfg = train_config_for(args.scale, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len)
+    dm = HeadroomData(DataConfig(), train_cfg, args.family).prepare()
+    model_cfg = model_cfg.model_copy(update={"vocab_size": dm.vocab_size})
+    batches = [b for _, b in zip(range(args.steps), dm.train_dataloader())]
+    warmup = min(args.warmup, args.steps - 1)
+    choices = {  # name -> (the choice's settings, its alternative's)
+        "sdpa": ({"attention": "sdpa"}, {"attention": "eager"}),
+        "compile": ({"compile_backend": args.compile_backend}, {}),
+    }
+    if gpu:
+        choices["bf16"] = ({"bf16": True}, {})
+        choices["fused"] = ({"fused": True}, {"fused": False})
+    result = {"benchmark": "kernels", "scale": args.scale, "family": args.family, "device": "cuda" if gpu else "cpu",
+              "threads": torch.get_num_threads(), "batch_size": train_cfg.batch_size, "seq_len": train_cfg.seq_len,
+              "steps": args.steps, "warmup_steps": warmup, "repeats": args.repeats,
+              "compile_backend": args.compile_backend, "choices": {}}
+    if not gpu:
+        result["not_measured"] = {"bf16": "no GPU: CPU bf16 is not a training path here",
+                                  "fused": "no GPU: fused AdamW is a CUDA kernel"}
+    for name, (with_it, without) in choices.items():
+        samples = []
+        for k in range(args.repeats):
+            order = [(True, with_it), (False, without)]
+            if k % 2:
+                order.reverse()
+            got = {flag: steps_per_s(model_cfg, train_cfg, batches, warmup=warmup, **kw) for flag, kw in order}
+            samples.append({"with": got[True], "without": got[False], "ratio": got[True] / got[False]})
+        result["choices"][name] = {"samples": samples,
+                                   "median_ratio": statistics.median(s["ratio"] for s in samples)}
+    # no goal: this measures what each choice buys here, so the defaults can be chosen from numbers
+    result["meets_goal"] = None
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: round(v["median_ratio"], 3) for k, v in result["choices"].items()}))
+    return result
+
+
+if __name__ == "__main__":
+    main()
