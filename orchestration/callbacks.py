@@ -15,7 +15,7 @@ from pytorch_lightning.callbacks import Callback
 
 from .plan import HISTORY, LIGHTNING_FILE
 
-FAULT_PAUSE_S = 5.0
+FAULT_PAUSE_S = 3.0
 
 
 class StepHistory(Callback):

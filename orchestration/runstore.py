@@ -12,11 +12,19 @@ import os
 PROXY_DOWNLOAD_ENV = "MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD"
 
 
+# While the tracking server restarts, MLflow's client retries with exponential backoff (by default factor 2 and 7
+# retries: waits of 2, 4, 8, ... s); factor 1 with one more retry waits as long in all (about 4 minutes) but
+# reconnects sooner after a short restart. The user's own settings win.
+RETRY_ENV = {"MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "8"}
+
+
 def mlflow_client(uri: str):
     """An MlflowClient for `uri` that downloads artifacts through the server (unless the user chose otherwise)."""
     from mlflow.tracking import MlflowClient
 
     os.environ.setdefault(PROXY_DOWNLOAD_ENV, "false")
+    for k, v in RETRY_ENV.items():
+        os.environ.setdefault(k, v)
     return MlflowClient(tracking_uri=uri)
 
 

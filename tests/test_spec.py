@@ -415,6 +415,17 @@ def test_every_shipped_sweep_plans_cleanly_and_wide_is_built_at_every_ratio():
             g = next(x for x in rows if x["stage"] == "prune" and x["scope"] == "global" and x["scale"] == "s"
                      and x["ratio"] == 0.75)
             assert g["heads"] is None and g["heads_total"] == 32 - heads_removed(32, 0.75)
+            # per-scale resources: s and m trials share a GPU, xl trains on 4 workers; scoring and pruning on one
+            by = {(x["scale"], x["stage"]): x["resources"] for x in rows}
+            assert by[("s", "train")] == {"cpu": 2.0, "gpu": 0.25, "workers": 1}
+            assert by[("l", "train")] == {"cpu": 4.0, "gpu": 1.0, "workers": 1}
+            assert by[("xl", "train")] == by[("xl", "controls")] == {"cpu": 4.0, "gpu": 1.0, "workers": 4}
+            assert by[("xl", "prune")] == {"cpu": 4.0, "gpu": 1.0, "workers": 1}
+            from orchestration.preflight import PlanRow, format_table
+
+            text = format_table([PlanRow(**x) for x in rows], "8192")
+            # train stage at once: 30 trials each of s (0.25 GPU), m (0.5), l (1) and xl (4 workers × 1 GPU)
+            assert "train 120 trial(s): 720 CPU, 172.5 GPU" in text and "4×(4 CPU 1 GPU)" in text
         if name == "smoke":  # both axes: two budgets, pruning at half of training as well as at the end
             prunes = [x for x in rows if x["stage"] == "prune"]
             assert {(x["budget"], x["prune_at"]) for x in prunes} == {(T, p) for T in (20, 40) for p in (0.5, 1.0)}
