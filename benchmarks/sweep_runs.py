@@ -8,14 +8,15 @@ import time
 from pathlib import Path
 
 
-def run_and_read(sweep, sweep_file: str, sweep_text: str) -> tuple[float, list] | None:
-    """(wall seconds, the sweep's child runs), or None (said on stderr) when the sweep failed."""
+def run_and_read(sweep, sweep_file: str, sweep_text: str, report: bool = True) -> tuple[float, list] | None:
+    """(wall seconds, the sweep's child runs), or None (said on stderr) when the sweep failed. `report`: write
+    the verdict report too (part of the wall time)."""
     from mlflow.tracking import MlflowClient
 
     from orchestration.stages import run_sweep
 
     t0 = time.time()
-    rc = run_sweep(sweep, sweep_file, sweep_text, progress=False)
+    rc = run_sweep(sweep, sweep_file, sweep_text, progress=False, write_report=report)
     wall = time.time() - t0
     if rc != 0:
         print("the sweep failed", file=sys.stderr)

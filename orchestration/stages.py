@@ -102,7 +102,8 @@ def resolve_paths(sweep: Sweep) -> Sweep:
 
 class Sweeper:
     def __init__(self, sweep: Sweep, sweep_file: str, sweep_text: str, where: Where, resume: bool,
-                 progress: bool = True):
+                 progress: bool = True, write_report: bool = True):
+        self.write_report = write_report  # False: the runs only (benchmarks that measure trials)
         self.hash = sweep.spec_hash()  # of the sweep as written: the same file gives the same parent anywhere
         sweep = resolve_paths(sweep)
         self.sweep, self.sweep_file, self.sweep_text = sweep, sweep_file, sweep_text
@@ -362,7 +363,7 @@ class Sweeper:
                 print(f"\nMLflow: experiment {self.sweep.name!r} at {self.where.tracking_uri} "
                       f"(parent run {self.tracker.parent_id})")
                 print(timing(time.time() - self.started, self.stage_seconds, runs))
-            reported = self.report()
+            reported = self.report() if self.write_report else True
         except KeyboardInterrupt:
             status = "KILLED"  # `--resume` continues it
             self.tracker.kill_running_children()
@@ -442,7 +443,8 @@ def _checkpoint_id(model_dir: str) -> str:
 
 
 def run_sweep(sweep: Sweep, sweep_file: str, sweep_text: str, *, resume: bool = False, address: str | None = None,
-              tracking_uri: str | None = None, storage: str | None = None, progress: bool = True) -> int:
+              tracking_uri: str | None = None, storage: str | None = None, progress: bool = True,
+              write_report: bool = True) -> int:
     # Tune's newer console output ignores verbose=0 and prints every trial's config; progress is ours
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     # MLflow is the record: of Tune's default loggers keep the JSON one (the TensorBoard one would import torch
@@ -458,5 +460,5 @@ def run_sweep(sweep: Sweep, sweep_file: str, sweep_text: str, *, resume: bool = 
     where = resolve_where(sweep, tracking_uri, storage, address)
     if os.environ.get("HEADROOM_CACHE"):  # trials run in their own directories: make it absolute for them
         os.environ["HEADROOM_CACHE"] = str(Path(os.environ["HEADROOM_CACHE"]).expanduser().resolve())
-    return Sweeper(sweep, sweep_file, sweep_text, where, resume, progress).run()
+    return Sweeper(sweep, sweep_file, sweep_text, where, resume, progress, write_report).run()
 

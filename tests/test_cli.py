@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT, headroom
+from conftest import ROOT
 
 # Runs the CLI in-process in a fresh interpreter and fails if torch was imported: bad input must be caught first.
 NO_TORCH = (
@@ -82,11 +82,13 @@ def test_scratch_e_and_wide_architectures_train(tmp_path):
     cases = ((["--heads", "4"], 4, 8), (["--heads", "4", "--head-dim", "auto"], 4, 16),
              (["--heads", "6", "--head-dim", "auto"], 6, 10),
              (["--heads", "6", "--head-dim", "auto", "--family", "encoder"], 6, 10))
+    from orchestration.cli import main
+
     for args, heads, hd in cases:
         out = tmp_path / f"h{heads}-{hd}-{len(args)}"
-        r = headroom("train", "--scale", "xs", "--steps", "3", "--val-every", "3", "--eval-batches", "1", "--quiet",
-                     "--out", out, *args)
-        assert r.returncode == 0, r.stderr[-2000:]
+        # the CLI in this process (test_train_writes_a_complete_run runs it as a user would)
+        assert main(["train", "--scale", "xs", "--steps", "3", "--val-every", "3", "--eval-batches", "1", "--quiet",
+                     "--out", str(out), *args]) == 0
         cfg = json.loads((out / "metrics.json").read_text())["model_config"]
         assert (cfg["n_heads"], cfg["head_dim"]) == (heads, hd)
         hf = json.loads((out / "model" / "config.json").read_text())

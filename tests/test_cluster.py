@@ -2,7 +2,7 @@
 IAM enforced, MLflow with basic auth, all as k8s/ configures them) plus a Ray head and a worker node with token
 auth, whose environment is the RayCluster head container's — the sweep user's MLflow login, the Tune user's S3
 keys. The smoke sweep is submitted with `ray job submit` on s3:// storage while the fault campaign
-(benchmarks/faults.py, at its CI size) kills a trial worker and restarts MLflow, PostgreSQL and S3; then the
+(benchmarks/faults.py, at its CI size) kills a trial worker and restarts PostgreSQL and S3; then the
 audit, and `headroom report` read back through the authenticated server against the local default run of the
 same sweep."""
 
@@ -56,16 +56,17 @@ def test_cluster_has_two_nodes_and_refuses_a_missing_or_wrong_token(cluster):
 
 
 def test_the_faulted_sweep_loses_and_duplicates_nothing(campaign):
-    """A trial worker killed -9; MLflow, PostgreSQL and S3 restarted (the driver kill and `--resume`, a minute
-    more, is in tests/test_sweep.py and in the full campaign)."""
-    assert campaign["faults_injected"] == 4, campaign["faults"]
-    assert {f["kind"] for f in campaign["faults"]} == {"worker", "mlflow", "postgres", "s3"}
-    assert campaign["units_expected"] == 36 and campaign["parent_runs"] == 1
+    """A trial worker killed -9; PostgreSQL and S3 restarted (the driver kill and `--resume`, a minute more, is in
+    tests/test_sweep.py; MLflow restarts, about 50 s more, in the full campaign)."""
+    assert campaign["faults_injected"] == 3, campaign["faults"]
+    assert {f["kind"] for f in campaign["faults"]} == {"worker", "postgres", "s3"}
+    # 28 units and 2 searches × 2 lr candidates
+    assert campaign["units_expected"] == 32 and campaign["parent_runs"] == 1
     bad = {k: campaign[k] for k in ("units_lost", "duplicate_runs", "duplicate_steps", "missing_steps",
                                     "missing_artifacts")}
     assert bad == dict.fromkeys(bad, 0), {k: campaign[k] for k in ("lost", "duplicated", "duplicated_steps",
                                                                   "missing", "missing_files")}
-    assert campaign["units_finished"] == 36 and campaign["meets_goal"] is True
+    assert campaign["units_finished"] == 32 and campaign["meets_goal"] is True
     assert "mean final loss" in campaign["logs"]  # the last driver's summary, in its job's log
 
 
