@@ -204,7 +204,7 @@ def test_shipped_sweeps_say_what_the_issue_asks():
     assert xs.overrides.eval_batches * xs.overrides.batch_size == s.overrides.eval_batches * s.overrides.batch_size
     s, _ = load_sweep(ROOT / "sweeps" / "smoke.yaml")
     assert list(s.scales) == ["xs"] and s.families == ["decoder"] and len(s.seeds) == 2
-    assert s.prune.methods == ["gradient", "random"] and s.lr.search.trials == 4
+    assert s.prune.methods == ["gradient", "random"] and s.lr.search.trials == 2
     c, _ = load_sweep(ROOT / "sweeps" / "scales.yaml")
     assert list(c.scales) == ["s", "m", "l", "xl"] and c.prune.ratios == [0.25, 0.5, 0.75]
     assert len(c.prune.methods) == 7 and len(c.seeds) == 3 and c.controls == ["scratch_e", "scratch_b", "wide"]
@@ -385,7 +385,7 @@ def _plan(tmp_path, text: str, *args):
                           capture_output=True, text=True, timeout=300)
 
 
-def test_every_shipped_sweep_plans_cleanly_and_wide_is_built_at_every_ratio():
+def test_every_shipped_sweep_plans_cleanly_and_wide_is_built_at_every_ratio(tmp_path):
     """`--plan --json` builds every unit's model on the meta device; the scales sweep's wide control at s, ratio
     0.25 (6 heads of d_model 128) has 20-dim heads, and the row's numbers are the built model's."""
     import contextlib
@@ -430,12 +430,18 @@ def test_every_shipped_sweep_plans_cleanly_and_wide_is_built_at_every_ratio():
             text = format_table([PlanRow(**x) for x in rows], "8192")
             # train stage at once: 30 trials each of s (0.25 GPU), m (0.5), l (1) and xl (4 workers × 1 GPU)
             assert "train 120 trial(s): 720 CPU, 172.5 GPU" in text and "4×(4 CPU 1 GPU)" in text
-        if name == "smoke":  # both axes: two budgets, pruning at half of training as well as at the end
-            prunes = [x for x in rows if x["stage"] == "prune"]
+        if name == "smoke":  # two budgets, and (planned with prune.at added) pruning at half of training
+            assert {x["budget"] for x in rows if x["stage"] == "train"} == {20, 40}
+            timed = tmp_path / "timed.yaml"
+            timed.write_text((ROOT / "sweeps" / "smoke.yaml").read_text().replace(
+                "  tolerance: 0.05\n", "  tolerance: 0.05\n  at: [0.5, 1]\n"))
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                assert main(["sweep", str(timed), "--plan", "--json"]) == 0
+            prunes = [x for x in json.loads(out.getvalue()) if x["stage"] == "prune"]
             assert {(x["budget"], x["prune_at"]) for x in prunes} == {(T, p) for T in (20, 40) for p in (0.5, 1.0)}
             # pruned halfway: trains the second half, then the 10 fine-tune steps
             assert {(x["budget"], x["steps"]) for x in prunes if x["prune_at"] == 0.5} == {(20, 20), (40, 30)}
-            assert {x["budget"] for x in rows if x["stage"] == "train"} == {20, 40}
 
 
 def test_budgets_and_prune_timings_plan_their_own_units_with_their_own_keys():

@@ -67,14 +67,14 @@ def test_smoke_sweep_one_parent_and_every_unit_a_child_with_the_contract(smoke):
     assert {"version/torch", "version/ray", "version/mlflow", "version/transformers"} <= set(parent.data.params)
     arts = {a.path for a in c.list_artifacts(parent.info.run_id, "sweep")}
     assert arts == {"sweep/smoke.yaml", "sweep/resolved.json"}
-    # 2 architectures (8 and 4 heads) × 4 lr candidates; 2 budgets × 2 seeds × (dense, scratch_e, scratch_b);
-    # × 2 methods × 2 prune timings pruned
+    # 2 architectures (8 and 4 heads) × 2 lr candidates; 2 budgets × 2 seeds × (dense, scratch_e, scratch_b);
+    # × 2 methods pruned
     by_stage = {}
     for r in children:
         assert r.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert all(r.data.tags.get(f"headroom.{t}") for t in TAGS), r.data.tags
         by_stage.setdefault(r.data.tags["headroom.stage"], []).append(r)
-    assert {k: len(v) for k, v in by_stage.items()} == {"lr_search": 4, "train": 12, "prune": 16}
+    assert {k: len(v) for k, v in by_stage.items()} == {"lr_search": 4, "train": 12, "prune": 8}
     keys = [r.data.tags["headroom.key"] for r in children]
     assert len(set(keys)) == len(keys)
     arms = sorted((r.data.tags["headroom.arm"], r.data.tags["headroom.family"]) for r in by_stage["train"])
@@ -99,11 +99,8 @@ def test_smoke_sweep_one_parent_and_every_unit_a_child_with_the_contract(smoke):
         assert m["params"] < m["params_dense"]
         files = {a.path for a in c.list_artifacts(r.info.run_id)}
         assert {"scores.json", "scores.png", "metrics.json"} <= files
-        if t["headroom.prune_at"] == "1":  # the mask-only curve is of the trained model
-            assert "prune_curve.png" in files
-        else:  # pruned halfway: from the dense run's own checkpoint at T/2, trained on to T
-            assert t["headroom.prune_at"] == "0.5" and m["prune_step"] == int(t["headroom.steps"]) // 2
-    assert sorted(r.data.tags["headroom.prune_at"] for r in by_stage["prune"]) == ["0.5"] * 8 + ["1"] * 8
+        assert "prune_curve.png" in files  # the mask-only curve of the trained model
+    assert sorted(r.data.tags["headroom.prune_at"] for r in by_stage["prune"]) == ["1"] * 8
     for r in by_stage["train"]:
         if r.data.tags["headroom.arm"] != "dense":
             assert r.data.tags["headroom.heads"] == "4" and r.data.tags["headroom.method"] == "none"
@@ -171,13 +168,13 @@ def test_smoke_lr_search_feeds_the_train_stage(smoke):
 
 def test_smoke_sweep_prints_progress_and_summary(smoke):
     out = smoke["stdout"]
-    assert "[headroom] train: 12 trial(s)" in out and "[headroom] prune: 16 trial(s)" in out
+    assert "[headroom] train: 12 trial(s)" in out and "[headroom] prune: 8 trial(s)" in out
     assert "mean final loss" in out and "pruned:gradient" in out and "scratch_b" in out
     assert "verdict of sweep smoke" in out
-    assert re.search(r"plan: 30 unit\(s\) checked on the meta device", out)  # 2 searches, 12 trained, 16 pruned
+    assert re.search(r"plan: 22 unit\(s\) checked on the meta device", out)  # 2 searches, 12 trained, 8 pruned
     # the compute share, from the runs' own timings (lr candidates ASHA stopped early report none)
     m = re.search(r"compute share: (\d+)% of (\d+) trial-seconds \((\d+) trials\)", out)
-    assert m and 28 <= int(m.group(3)) <= 36 and 0 < int(m.group(1)) <= 100
+    assert m and 20 <= int(m.group(3)) <= 24 and 0 < int(m.group(1)) <= 100
     assert re.search(r"wall time \d+ s: lr_search \d+ s, train \d+ s, prune \d+ s", out)
 
 
@@ -227,13 +224,7 @@ def test_smoke_sweep_writes_the_verdict_report(smoke):
     # 40-step models: the report does not pretend they carry a verdict
     diags = {(d["scale"], d["family"], d["check"]): d["passed"] for d in v["diagnostics"]}
     assert len(diags) == 8 and diags[("xs-T40", "decoder", "larger_scale_not_worse")] is None
-    # both new axes: the pruned-halfway runs against pruning the trained model, the gap against the budget
-    timing = {(t["scale"], t["family"], t["method"], t["prune_at"]): t for t in v["timing"]}
-    assert len(timing) == 2 * 1 * 2 * 2 and {t["vs_late"] for t in v["timing"] if t["prune_at"] == 1} == {"reference"}
-    for (cell, fam, method, at), t in timing.items():
-        seeds = [final[(cell, "pruned", fam, method, s)] for s in (0, 1)]
-        if at == 1:
-            assert t["loss_mean"] == pytest.approx(sum(seeds) / 2, abs=1e-9)
+    # the gap against the budget (pruning during training: test_resumed_sweeps_report_prune_timing)
     trend = {(t["family"], t["control"], t["axis"]) for t in v["trend"]}
     assert trend == {(f, a, "tokens_per_param") for f in ("decoder",) for a in ("scratch_e", "scratch_b")}
     for h in v["headline"]:
@@ -254,7 +245,7 @@ def test_smoke_rerun_creates_no_runs(smoke):
     before = {r.info.run_id: (r.info.status, r.info.end_time) for r in runs_of(c, "smoke")}
     r = run_sweep(smoke["cwd"], ROOT / "sweeps" / "smoke.yaml")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "all 12 unit(s) finished already" in r.stdout and "all 16 unit(s) finished already" in r.stdout
+    assert "all 12 unit(s) finished already" in r.stdout and "all 8 unit(s) finished already" in r.stdout
     after = {r.info.run_id: (r.info.status, r.info.end_time) for r in runs_of(c, "smoke")}
     children = {k: v for k, v in after.items() if k in before}
     assert set(after) == set(before)
@@ -395,6 +386,21 @@ def test_killed_driver_resumes_without_rerunning_or_duplicating(interrupted):
     assert unfinished_at_kill and all(rid in {x.info.run_id for x in children} for rid in unfinished_at_kill)
     continued = [x for x in children if x.info.run_id in unfinished_at_kill and x.data.tags["headroom.stage"] == "train"]
     assert any(x.data.metrics.get("resumed_at_step", 0) > 0 for x in continued)  # from its checkpoint, not step 0
+
+
+def test_resumed_sweeps_report_prune_timing(interrupted):
+    """Pruning at 0.2 of training against pruning the trained model, in the resumed sweep's report."""
+    cwd = interrupted["cwd"]
+    v = json.loads((cwd / "reports" / "resume" / "verdict.json").read_text())
+    c = client(cwd)
+    _, children = split(runs_of(c, "resume"))
+    timing = {(t["scale"], t["family"], t["method"], t["prune_at"]): t for t in v["timing"]}
+    assert set(timing) == {("xs", "decoder", "random", 0.2), ("xs", "decoder", "random", 1.0)}
+    assert timing[("xs", "decoder", "random", 1.0)]["vs_late"] == "reference"
+    for (_, _, _, at), t in timing.items():
+        losses = [x.data.metrics["final/id/loss"] for x in children if x.data.tags["headroom.stage"] == "prune"
+                  and x.data.tags["headroom.scope"] == "per_layer" and float(x.data.tags["headroom.prune_at"]) == at]
+        assert t["n_seeds"] == len(losses) == 2 and t["loss_mean"] == pytest.approx(sum(losses) / 2, abs=1e-9)
 
 
 def test_global_scope_controls_copy_the_pruned_head_counts(interrupted):
