@@ -91,7 +91,7 @@ def _add_train(sub) -> None:
                         "workers of every batch, one CPU or GPU each; default 1: this process)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (as HEADROOM_COMPILE=1 does for a sweep's trials); see "
-                        "benchmarks/kernels.py for what it buys")
+                        "benchmarks/train_kernels.py for what it buys")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
@@ -181,7 +181,7 @@ BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
     "sweep_reuse": ["--tiny"],
     "compute_share": ["--tiny"],
     "faults": ["--tiny"],  # needs PostgreSQL 15's server binaries and kubectl (benchmarks/stack.py)
-    "kernels": ["--steps", "6", "--warmup", "2", "--repeats", "1", "--batch-size", "4", "--seq-len", "32",
+    "train_kernels": ["--steps", "6", "--warmup", "2", "--repeats", "1", "--batch-size", "4", "--seq-len", "32",
                 "--compile-backend", "aot_eager"],
 }
 GPU_BENCHMARKS = {  # `headroom bench --gpu`: the GPU questions, sized to fit a few minutes of one GPU
@@ -192,7 +192,7 @@ GPU_BENCHMARKS = {  # `headroom bench --gpu`: the GPU questions, sized to fit a 
     "ablation_batched": ["--scale", "l", "--batches", "2", "--batch-size", "8", "--seq-len", "256",
                          "--max-rows", "256", "--device", "cuda"],
     # what SDPA, torch.compile, bf16-mixed and fused AdamW each buy in a training step
-    "kernels": ["--scale", "l", "--steps", "30", "--warmup", "10", "--repeats", "3", "--batch-size", "16",
+    "train_kernels": ["--scale", "l", "--steps", "30", "--warmup", "10", "--repeats", "3", "--batch-size", "16",
                 "--seq-len", "512"],
     # pruned latency vs the FLOP prediction at batch 64 in bf16: goal within 10%
     "prune_speed": ["--scale", "l", "--batch-size", "64", "--seq-len", "512", "--dtype", "bfloat16",

@@ -83,11 +83,11 @@ def test_compute_share_through_headroom_bench(tmp_path):
 
 def test_kernels_writes_json_through_headroom_bench(tmp_path):
     """SDPA vs eager and torch.compile vs not, interleaved; bf16 and fused AdamW say they need a GPU."""
-    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "bench", "kernels", "--tiny", "--out-dir",
+    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "bench", "train_kernels", "--tiny", "--out-dir",
                         str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    res = json.loads((tmp_path / "kernels.json").read_text())
-    assert res["benchmark"] == "kernels" and res["device"] == "cpu" and res["compile_backend"] == "aot_eager"
+    res = json.loads((tmp_path / "train_kernels.json").read_text())
+    assert res["benchmark"] == "train_kernels" and res["device"] == "cpu" and res["compile_backend"] == "aot_eager"
     assert set(res["choices"]) == {"sdpa", "compile"} and set(res["not_measured"]) == {"bf16", "fused"}
     for c in res["choices"].values():
         assert len(c["samples"]) == 1 and all(s["with"] > 0 and s["without"] > 0 for s in c["samples"])

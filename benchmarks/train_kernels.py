@@ -2,7 +2,7 @@
 alternative, the two measured in turn (A B A B ..., the order alternating) on the same model, data and batch;
 the median of the per-pair ratios, with all samples, written to JSON.
 
-    python benchmarks/kernels.py [--scale xs] [--steps 30] [--warmup 5] [--repeats 3] [--out FILE]
+    python benchmarks/train_kernels.py [--scale xs] [--steps 30] [--warmup 5] [--repeats 3] [--out FILE]
 
 Choices (each where it means something on this device):
   sdpa      transformers' SDPA attention ÷ eager attention (both families' default is SDPA; scoring switches to
@@ -73,7 +73,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--seq-len", type=int)
     ap.add_argument("--compile-backend", default="inductor",
                     help="torch.compile backend (CI's tiny run uses aot_eager: tracing without code generation)")
-    ap.add_argument("--out", default="benchmarks/results/kernels.json")
+    ap.add_argument("--out", default="benchmarks/results/train_kernels.json")
     args = ap.parse_args(argv)
 
     import logging
@@ -100,7 +100,7 @@ def main(argv=None) -> dict:
     if gpu:
         choices["bf16"] = ({"bf16": True}, {})
         choices["fused"] = ({"fused": True}, {"fused": False})
-    result = {"benchmark": "kernels", "scale": args.scale, "family": args.family, "device": "cuda" if gpu else "cpu",
+    result = {"benchmark": "train_kernels", "scale": args.scale, "family": args.family, "device": "cuda" if gpu else "cpu",
               "threads": torch.get_num_threads(), "batch_size": train_cfg.batch_size, "seq_len": train_cfg.seq_len,
               "steps": args.steps, "warmup_steps": warmup, "repeats": args.repeats,
               "compile_backend": args.compile_backend, "choices": {}}
