@@ -30,6 +30,23 @@ class ByteTokenizer:
     def decode(self, ids) -> str:
         return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", "replace")
 
+    @staticmethod
+    def for_transformers():
+        """The same tokenizer as a transformers one (what a model logged to MLflow carries): byte-level BPE
+        without merges, each byte's id its value, then <pad>, <mask>, <eos> at their ids."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        char = bytes_to_unicode()  # byte -> the printable character byte-level BPE writes for it
+        vocab = {char[b]: b for b in range(256)} | {"<pad>": PAD_ID, "<mask>": MASK_ID, "<eos>": EOS_ID}
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens(["<pad>", "<mask>", "<eos>"])
+        return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", mask_token="<mask>",
+                                       eos_token="<eos>")
+
 
 class HFTokenizer:
     """A `tokenizers`/`transformers` tokenizer: BPE trained on the train split, or a checkpoint's own."""

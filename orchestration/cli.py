@@ -153,6 +153,11 @@ def _add_sweep(sub) -> None:
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the sweep's, else sqlite:///mlflow.db)")
     p.add_argument("--storage", help="Ray Tune storage: a path shared by all nodes, or s3://... (default ./ray_results)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--register", action="store_true",
+                   help="after the report, register the pruned models of the primary method (gradient, per layer, "
+                        "one-shot) in MLflow's Model Registry: one model per scale, family and ratio "
+                        "(<sweep>-<scale>-<family>-r<ratio>-pruned), a version per seed, tagged with the verdict "
+                        "and the dense and pruned losses")
     p.add_argument("--plan", action="store_true",
                    help="plan every unit and build its model on the meta device, print one row per unit (stage, "
                         "arm, heads, head_dim, lr, steps, tokens, params, FLOPs, estimated cost) and exit; "
@@ -284,6 +289,8 @@ def cmd_sweep(args) -> int:
         raise HeadroomInputError("--json: only with --plan")
     if args.plan:
         return _print_plan(sweep, args.json)
+    if args.register and not sweep.log_models:
+        raise HeadroomInputError("--register: the sweep file sets log_models: false, so there is no model to register")
     uri = args.tracking_uri or sweep.tracking_uri
     if uri:
         _check_tracking_uri(uri)
@@ -291,7 +298,7 @@ def cmd_sweep(args) -> int:
     if storage and "://" not in storage and Path(storage).exists() and not Path(storage).is_dir():
         raise HeadroomInputError(f"--storage {storage}: not a directory")
     return run_sweep(sweep, args.file, text, resume=args.resume, address=args.address, tracking_uri=args.tracking_uri,
-                     storage=args.storage, progress=not args.quiet)
+                     storage=args.storage, progress=not args.quiet, register=args.register)
 
 
 def _print_plan(sweep, as_json: bool) -> int:

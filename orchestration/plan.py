@@ -175,6 +175,30 @@ class Unit:
         }
         return {f"headroom.{k}": str(d[k]) for k in TAG_FIELDS}
 
+    def note(self) -> str:
+        """What the unit is, in one sentence: its run's description in the MLflow UI."""
+        what = f"{self.scale} {self.family}, seed {self.seed}"
+        heads = f"{self.heads} heads per layer" if "," not in self.heads else f"heads per layer {self.heads}"
+        steps = f"{self.train.steps} steps at lr {self.train.lr:.3g}"
+        if self.stage == "lr_search":
+            return (f"Learning-rate candidate {self.train.lr:.3g} for {what} ({heads}), {self.train.steps} steps; "
+                    "Optuna proposes, ASHA stops poor candidates early.")
+        if self.arm == "pruned":
+            when = "the trained dense model" if self.prune_at == 1.0 else f"the dense run at {self.prune_at:g} of T"
+            tail = (f", fine-tuned {self.prune.finetune_steps} steps" if self.prune.finetune_steps else "")
+            return (f"Pruned: {when} ({what}) with {self.ratio:.0%} of its heads removed by {self.method} "
+                    f"importance ({self.scope.replace('_', ' ')}, {self.schedule.replace('_', '-')}), leaving "
+                    f"{heads}{tail}.")
+        return {
+            "dense": f"Dense: {what}, {heads}, trained from scratch for {steps}.",
+            "scratch_e": f"Scratch-E control: the pruned architecture ({heads}) trained from scratch for the dense "
+                         f"run's steps, {steps} ({what}).",
+            "scratch_b": f"Scratch-B control: the pruned architecture ({heads}) trained from scratch until its "
+                         f"training FLOPs match dense training plus fine-tuning, {steps} ({what}).",
+            "wide": f"wide control: {heads} with head_dim d_model/heads (the usual fewer-heads model), trained "
+                    f"from scratch for {steps} ({what}).",
+        }[self.arm]
+
     def params(self) -> dict[str, str]:
         """MLflow params: the numbers a reader compares runs by (the UI's columns)."""
         t = self.train

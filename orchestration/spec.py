@@ -270,6 +270,9 @@ class Sweep(Strict):
     retries: int = Field(default=2, ge=0)
     storage: str | None = None
     tracking_uri: str | None = None
+    # each prune unit's pruned model as an MLflow transformers model (orchestration/registry.py); off for models
+    # too large to copy into the artifact store once per prune unit
+    log_models: bool = True
     pretrained: PretrainedSpec | None = None
 
     _family = field_validator("family", mode="before")(classmethod(lambda cls, v: _as_list(v)))
@@ -287,8 +290,10 @@ class Sweep(Strict):
 
     # ---- derived
     def spec_hash(self) -> str:
-        """Hash of the resolved spec, without where it runs (storage, tracking, resources, retries)."""
-        science = self.model_dump(mode="json", exclude={"storage", "tracking_uri", "resources", "retries"})
+        """Hash of the resolved spec, without where it runs and what it records (storage, tracking, resources,
+        retries, model logging)."""
+        science = self.model_dump(mode="json", exclude={"storage", "tracking_uri", "resources", "retries",
+                                                        "log_models"})
         for sc in (science.get("scales") or {}).values():
             del sc["resources"]  # a scale's resources too (and sweeps from before they existed keep their hash)
         if science["prune"]["at"] == [1.0]:  # the default (pruning the trained model): sweeps from before keep

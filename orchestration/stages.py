@@ -102,8 +102,9 @@ def resolve_paths(sweep: Sweep) -> Sweep:
 
 class Sweeper:
     def __init__(self, sweep: Sweep, sweep_file: str, sweep_text: str, where: Where, resume: bool,
-                 progress: bool = True, write_report: bool = True):
+                 progress: bool = True, write_report: bool = True, register: bool = False):
         self.write_report = write_report  # False: the runs only (benchmarks that measure trials)
+        self.register = register  # the primary method's pruned models into the Model Registry, after the report
         self.hash = sweep.spec_hash()  # of the sweep as written: the same file gives the same parent anywhere
         sweep = resolve_paths(sweep)
         self.sweep, self.sweep_file, self.sweep_text = sweep, sweep_file, sweep_text
@@ -129,7 +130,7 @@ class Sweeper:
         from .tracking import TrackingCallback
 
         self._ray()
-        cb = TrackingCallback(self.tracker, unit_of, self._resources_of, self.say, n)
+        cb = TrackingCallback(self.tracker, unit_of, self._resources_of, self.say, n, self.sweep.log_models)
         skip = frozenset(self.tracker.finished_keys())
         trains = stage != "prune"
         if trains:
@@ -330,7 +331,7 @@ class Sweeper:
         return ident.data_hash
 
     def run(self) -> int:
-        from .tracking import Tracker
+        from .tracking import Tracker, experiment_note, ui_link
 
         corpus_hash = self.preflight()
         self.tracker = Tracker(self.where.tracking_uri, self.sweep.name, self.hash)
@@ -346,6 +347,7 @@ class Sweeper:
                 raise HeadroomInputError(f"--address {self.where.address}: cannot connect to Ray "
                                          f"({str(e).splitlines()[0]})") from None
         self.tracker.open_parent(self.sweep_file, self.sweep_text, self.sweep.model_dump(mode="json"))
+        self.tracker.describe_experiment(experiment_note(self.sweep, self.hash))
         self.tracker.close_stale_searches()
         ok, status = False, "FAILED"
         try:
@@ -362,6 +364,7 @@ class Sweeper:
                 print(loss_table(self.sweep.name, runs))
                 print(f"\nMLflow: experiment {self.sweep.name!r} at {self.where.tracking_uri} "
                       f"(parent run {self.tracker.parent_id})")
+                print(ui_link(self.where.tracking_uri, self.tracker.experiment_id))
                 print(timing(time.time() - self.started, self.stage_seconds, runs))
             reported = self.report() if self.write_report else True
         except KeyboardInterrupt:
@@ -385,7 +388,11 @@ class Sweeper:
         units = train_units(self.sweep, corpus_hash, lrs, self.vocab_size)
         self.train("train", units)
         dense = [u for u in units if u.arm == "dense"]
+        of_dense = {(u.scale, u.family, u.seed, u.budget): u.key for u in dense}
+        self.tracker.link_dense({u.key: of_dense[(u.scale, u.family, u.seed, u.budget)]
+                                 for u in units if u.arm != "dense"})
         pruned = self.prune(prune_units(self.sweep, dense), self._dense_uri)
+        self.tracker.link_dense({u.key: u.dense_key for u in pruned})
         if self.sweep.controls and "global" in self.sweep.prune.scope:
             by_key = {u.key: u for u in dense}
             controls = []
@@ -400,6 +407,7 @@ class Sweeper:
                 controls += global_control_units(self.sweep, p, by_key[p.dense_key], [int(x) for x in kept.split(",")],
                                                  lrs)
             self.train("controls", controls)
+            self.tracker.link_dense({u.key: u.dense_key for u in controls})
 
     def _run_pretrained(self, corpus_hash: str) -> None:
         info = checkpoint_info(self.sweep.pretrained.checkpoint)
@@ -425,6 +433,10 @@ class Sweeper:
         if self.progress:
             print("\n" + headline_table(rep))
         self.say(f"report: {out / 'report.html'} (and report.md, verdict.json)")
+        if self.register:
+            from .registry import register_primary
+
+            register_primary(rep, self.where.tracking_uri, self.say)
         return True
 
 
@@ -444,7 +456,7 @@ def _checkpoint_id(model_dir: str) -> str:
 
 def run_sweep(sweep: Sweep, sweep_file: str, sweep_text: str, *, resume: bool = False, address: str | None = None,
               tracking_uri: str | None = None, storage: str | None = None, progress: bool = True,
-              write_report: bool = True) -> int:
+              write_report: bool = True, register: bool = False) -> int:
     # Tune's newer console output ignores verbose=0 and prints every trial's config; progress is ours
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     # MLflow is the record: of Tune's default loggers keep the JSON one (the TensorBoard one would import torch
@@ -460,5 +472,5 @@ def run_sweep(sweep: Sweep, sweep_file: str, sweep_text: str, *, resume: bool = 
     where = resolve_where(sweep, tracking_uri, storage, address)
     if os.environ.get("HEADROOM_CACHE"):  # trials run in their own directories: make it absolute for them
         os.environ["HEADROOM_CACHE"] = str(Path(os.environ["HEADROOM_CACHE"]).expanduser().resolve())
-    return Sweeper(sweep, sweep_file, sweep_text, where, resume, progress, write_report).run()
+    return Sweeper(sweep, sweep_file, sweep_text, where, resume, progress, write_report, register).run()
 

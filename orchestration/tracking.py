@@ -22,7 +22,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.entities import LoggedModelStatus, Metric, Param, RunStatus, RunTag
 from ray.tune import Callback
 
 from .ddp import CHECKPOINT_KEY, checkpoint_uri
@@ -33,6 +33,10 @@ PACKAGES = ("headroom", "torch", "transformers", "pytorch-lightning", "ray", "ml
 FINISHED = RunStatus.to_string(RunStatus.FINISHED)
 RUNNING = RunStatus.to_string(RunStatus.RUNNING)
 STEPPED = ("train/loss", "train/lr", "val/loss", "val/ppl")
+NOTE = "mlflow.note.content"  # the description the MLflow UI shows on an experiment's or a run's page
+# MLflow 3's UI opens an experiment of this kind on its runs table (otherwise on the GenAI traces overview)
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+DENSE_RUN = "headroom.dense_run_id"  # on pruned runs and controls: the run of the dense model they answer to
 
 
 def _local_artifact_root(uri: str) -> str | None:
@@ -61,6 +65,30 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+def ui_link(uri: str, experiment_id: str) -> str:
+    """Where the MLflow UI shows the experiment's runs table. MLflow 3.17's UI picks GenAI or model-training pages
+    by its own switch (saved in the browser, default GenAI) or the `workflowType` URL parameter, not by the
+    experiment's kind tag: the link carries the parameter."""
+    page = f"#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    if uri.startswith(("http://", "https://")):
+        return f"MLflow UI: {uri.rstrip('/')}/{page}"
+    return f"MLflow UI: `mlflow ui --backend-store-uri {uri}`, then http://127.0.0.1:5000/{page}"
+
+
+def experiment_note(sweep, spec_hash: str) -> str:
+    """The experiment's description (Markdown): what the sweep tests and where its verdict is."""
+    scales = ", ".join(sweep.scales or {}) or f"a pretrained checkpoint ({sweep.pretrained.checkpoint})"
+    controls = ", ".join(sweep.controls) or "none (half 2 not tested)"
+    return (f"**headroom sweep `{sweep.name}`** (spec {spec_hash}). Tests whether attention heads that pruning "
+            "removes with little loss still help training: (1) does pruning a trained model lose little, and (2) "
+            "does the small head count trained from scratch (the controls) reach worse quality than the pruned "
+            f"model?\n\nScales: {scales}; families: {', '.join(sweep.families)}; seeds: {len(sweep.seeds)}; prune "
+            f"ratios {', '.join(f'{r:g}' for r in sweep.prune.ratios)} by {', '.join(sweep.prune.methods)}; "
+            f"controls: {controls}.\n\nThe parent run `{sweep.name}-{spec_hash[:8]}` holds the verdict (its "
+            "description and the `report/` artifacts); each child run is one unit of work, grouped by its "
+            "`headroom.*` tags (stage, arm, scale, method, ratio, seed).")
+
+
 class Tracker:
     """The sweep's parent run and its children, by key."""
 
@@ -70,7 +98,8 @@ class Tracker:
         exp = self.client.get_experiment_by_name(sweep_name)
         if exp is None:
             root = _local_artifact_root(uri)
-            self.experiment_id = self.client.create_experiment(sweep_name, artifact_location=root)
+            self.experiment_id = self.client.create_experiment(sweep_name, artifact_location=root,
+                                                               tags=EXPERIMENT_KIND)
         else:
             self.experiment_id = exp.experiment_id
         self.sweep_name, self.spec_hash = sweep_name, spec_hash
@@ -78,6 +107,7 @@ class Tracker:
         self.children: dict[str, object] = {}  # key -> Run
         self._last_step: dict[tuple[str, str], int] = {}  # (run, metric) -> newest step logged; -1: none
         self._fresh: set[str] = set()  # runs created by this driver: nothing logged before it
+        self._linked: set[str] = set()  # children tagged with their dense run by this driver
 
     # ---- parent
     def find_parent(self):
@@ -132,6 +162,20 @@ class Tracker:
             f"tags.`mlflow.parentRunId` = '{self.parent_id}'") if "headroom.key" in r.data.tags}
         return self.parent_id
 
+    def describe_experiment(self, note: str) -> None:
+        """The experiment's kind (so the UI opens on its runs) and description (what the sweep tests)."""
+        for k, v in {**EXPERIMENT_KIND, NOTE: note}.items():
+            self.client.set_experiment_tag(self.experiment_id, k, v)
+
+    def link_dense(self, dense_key_of: dict[str, str]) -> None:
+        """Tag each child in `dense_key_of` (child key -> its dense unit's key) with its dense run's id, once."""
+        for key, dense_key in dense_key_of.items():
+            run, dense = self.children.get(key), self.children.get(dense_key)
+            if run is None or dense is None or key in self._linked or DENSE_RUN in run.data.tags:
+                continue
+            self.set_tags(run.info.run_id, {DENSE_RUN: dense.info.run_id})
+            self._linked.add(key)
+
     def close_parent(self, status: str) -> None:
         """FINISHED, FAILED (some unit did not finish) or KILLED (interrupted)."""
         self.client.set_terminated(self.parent_id, status)
@@ -154,7 +198,7 @@ class Tracker:
                 self.client.update_run(run.info.run_id, status=RUNNING)
             return run.info.run_id
         run = self.client.create_run(self.experiment_id, run_name=unit.name,
-                                     tags={**unit.tags(), "mlflow.parentRunId": self.parent_id})
+                                     tags={**unit.tags(), "mlflow.parentRunId": self.parent_id, NOTE: unit.note()})
         self.client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in unit.params().items()])
         self.children[unit.key] = run
         self._fresh.add(run.info.run_id)
@@ -207,15 +251,20 @@ class Tracker:
             self.children[key] = self.client.get_run(run.info.run_id)
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 class TrackingCallback(Callback):
     """Driver-side Tune callback: trial events → the unit's MLflow run."""
 
     ARTIFACTS = ("scores.json", "scores.png", "prune_curve.png", "metrics.json", WINDOWS_FILE)
 
-    def __init__(self, tracker: Tracker, unit_of, resources_of, say=None, total: int = 0):
+    def __init__(self, tracker: Tracker, unit_of, resources_of, say=None, total: int = 0, log_models: bool = True):
         # resources_of(unit) -> {"cpu", "gpu", "workers"}: what the unit's trial holds (cost/* metrics)
         self.tracker, self.unit_of, self.resources_of = tracker, unit_of, resources_of
-        self.say, self.total = say or (lambda msg: None), total
+        self.say, self.total, self.log_models = say or (lambda msg: None), total, log_models
+        self.started = time.time()
         self.runs: dict[str, tuple[Unit, str]] = {}  # trial id -> (unit, run id)
         self.completed: list[Unit] = []
 
@@ -283,13 +332,38 @@ class TrackingCallback(Callback):
                     shutil.copy(os.path.join(d, f), tmp)
                 if files:
                     self.tracker.client.log_artifacts(run_id, tmp)
+                if unit.stage == "prune" and self.log_models:
+                    self._log_model(unit, run_id, Path(d) / "model")
         # an lr_search trial stopped early by ASHA ends here too: a finished candidate with fewer val reports
         self.tracker.finish(unit.key, run_id)
         self.completed.append(unit)
         r = trial.last_result or {}
         loss = next((f"{k} {r[k]:.4f}" for k in ("final/id/loss", "final/val/loss", "val/loss") if k in r), "")
         early = "" if r.get(DONE) else " (stopped early by ASHA)"
-        self.say(f"  {len(self.completed)}/{self.total} {unit.name}: {loss}{early}, {r.get('time_total_s', 0):.0f} s")
+        done, took = len(self.completed), time.time() - self.started
+        left = f"; about {_duration(took / done * (self.total - done))} left" if done < self.total else ""
+        self.say(f"  {done}/{self.total} {unit.name}: {loss}{early}, {r.get('time_total_s', 0):.0f} s{left}")
+
+    def _log_model(self, unit: Unit, run_id: str, model_dir: Path) -> None:
+        """The pruned model as an MLflow transformers model, once (a unit finished again after a driver crash
+        finds it logged already), or the reason it is not."""
+        from .registry import LOGGED, MODEL_NAME, log_pruned_model, transformers_loadable
+
+        why = transformers_loadable(model_dir)
+        if why:
+            self.tracker.set_tags(run_id, {LOGGED: f"not logged: {why}"})
+            return
+        found = [m for m in self.tracker.client.search_logged_models(
+            [self.tracker.experiment_id], filter_string=f"source_run_id = '{run_id}' AND name = '{MODEL_NAME}'")
+            if m.status == LoggedModelStatus.READY]
+        try:
+            uri = f"models:/{found[0].model_id}" if found else log_pruned_model(
+                self.tracker.uri, run_id, model_dir, unit.data.tokenizer)
+        except Exception as e:  # noqa: BLE001 - the unit's results stand; its model is missing, and says why
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            self.say(f"  {unit.name}: pruned model not logged ({type(e).__name__}: {first})")
+            uri = f"not logged: {type(e).__name__}: {first}"[:500]
+        self.tracker.set_tags(run_id, {LOGGED: uri})
 
     def on_trial_error(self, iteration, trials, trial, **info):
         got = self._run(trial)

@@ -67,10 +67,11 @@ def xs_encoder(cache_dir):
 
 @pytest.fixture(scope="session")
 def smoke(tmp_path_factory, cache_dir):
-    """`headroom sweep sweeps/smoke.yaml` with the defaults (local Ray in-process, MLflow in ./mlflow.db)."""
+    """`headroom sweep sweeps/smoke.yaml --register` with the defaults (local Ray in-process, MLflow in ./mlflow.db)."""
     cwd = tmp_path_factory.mktemp("smoke")
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "sweep", str(ROOT / "sweeps" / "smoke.yaml")],
+    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "sweep", str(ROOT / "sweeps" / "smoke.yaml"),
+                        "--register"],
                        cwd=cwd, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return {"cwd": cwd, "stdout": r.stdout, "seconds": time.time() - t0}

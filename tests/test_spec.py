@@ -143,6 +143,11 @@ def test_bad_flags_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "orchestration.cli", "sweep", "missing.yaml"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "missing.yaml: no such file" in r.stderr
+    (tmp_path / "off.yaml").write_text(GOOD + "log_models: false\n")
+    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "sweep", "off.yaml", "--register"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "log_models: false" in r.stderr
+    (tmp_path / "off.yaml").unlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
 
 
@@ -215,7 +220,8 @@ def test_spec_hash_ignores_where_it_runs():
     from orchestration.spec import parse_sweep
 
     a = parse_sweep(GOOD)
-    b = parse_sweep(GOOD + "storage: s3://bucket/x\ntracking_uri: http://mlflow:5000\nresources: {cpu: 4}\n")
+    b = parse_sweep(GOOD + "storage: s3://bucket/x\ntracking_uri: http://mlflow:5000\nresources: {cpu: 4}\n"
+                           "log_models: false\n")
     c = parse_sweep(GOOD.replace("seeds: [0, 1]", "seeds: [0, 2]"))
     d = parse_sweep(GOOD.replace("seq_len: 32}}", "seq_len: 32}, resources: {gpu: 0.25}}"))
     assert a.spec_hash() == b.spec_hash() == d.spec_hash() != c.spec_hash()

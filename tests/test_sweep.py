@@ -309,7 +309,8 @@ def interrupted(tmp_path_factory, cache_dir):
             done = [r for r in children if r.info.status == "FINISHED"]
             retried = [r for r in done if r.data.metrics.get("resumed_at_step", 0) > 0]
             # kill once Ray's retry has finished and another unit is mid-training with a checkpoint
-            mid = [r for r in children if r.info.status == "RUNNING" and "headroom.checkpoint" in r.data.tags]
+            mid = [r for r in children if r.info.status == "RUNNING" and "headroom.checkpoint" in r.data.tags
+                   and r.data.tags["headroom.stage"] == "train"]  # (a finishing prune unit has one too)
             if retried and mid:
                 procs = _descendants(proc.pid)
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -386,6 +387,15 @@ def test_killed_driver_resumes_without_rerunning_or_duplicating(interrupted):
     assert unfinished_at_kill and all(rid in {x.info.run_id for x in children} for rid in unfinished_at_kill)
     continued = [x for x in children if x.info.run_id in unfinished_at_kill and x.data.tags["headroom.stage"] == "train"]
     assert any(x.data.metrics.get("resumed_at_step", 0) > 0 for x in continued)  # from its checkpoint, not step 0
+    # pruned models: each logged once (a unit finished again after the kill finds its model logged), none where
+    # transformers alone would compute something else (a global prune leaving different counts per layer)
+    for x in children:
+        if x.data.tags["headroom.arm"] == "pruned":
+            found = c.search_logged_models([x.info.experiment_id], filter_string=f"source_run_id = '{x.info.run_id}'")
+            uniform = len(set(x.data.tags["headroom.kept"].split(","))) == 1
+            assert len(found) == int(uniform), x.info.run_name
+            assert x.data.tags["headroom.model"].startswith(
+                "models:/" if uniform else "not logged: its layers keep different head counts"), x.info.run_name
 
 
 def test_resumed_sweeps_report_prune_timing(interrupted):
@@ -419,6 +429,7 @@ def test_global_scope_controls_copy_the_pruned_head_counts(interrupted):
         assert x.data.tags["headroom.heads"] == want
         assert (x.data.tags["headroom.method"], x.data.tags["headroom.ratio"]) == ("random", "0.5")
         assert x.data.params["steps"] == "100" and x.info.status == "FINISHED"
+        assert x.data.tags["headroom.dense_run_id"] == p.data.tags["headroom.dense_run_id"]  # the same dense run
 
 
 # -------------------------------------------------------------------------------------------- pretrained

@@ -1,5 +1,6 @@
 """`headroom report`: the sweep's newest parent run → reports/<sweep>/ (verdict.json, report.md with plots/,
-report.html), the same files as artifacts of the parent run (`report/`) and the headline numbers as its metrics."""
+report.html), the same files as artifacts of the parent run (`report/`), the headline numbers as its metrics and
+the headline as its description (the note the MLflow UI shows)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from lightning_modules.config import jsonable
 
 from .document import render
 from .read import Windows, client, load_sweep_runs
-from .verdict import Report, build, headline_metrics
+from .verdict import Report, build, headline_markdown, headline_metrics
+
+ARTIFACTS = "report"  # the parent run's artifact folder of the report
 
 
 def write_report(uri: str, sweep_name: str, out: Path | None = None, log: bool = True) -> tuple[Path, Report]:
@@ -29,7 +32,8 @@ def write_report(uri: str, sweep_name: str, out: Path | None = None, log: bool =
         from mlflow.entities import Metric
 
         c = client(uri)
-        c.log_artifacts(data.parent_id, str(out), "report")
+        c.log_artifacts(data.parent_id, str(out), ARTIFACTS)
+        c.set_tag(data.parent_id, "mlflow.note.content", headline_markdown(rep, ARTIFACTS))  # the run's description
         now = int(time.time() * 1000)
         ms = [Metric(k, float(v), now, 0) for k, v in headline_metrics(rep).items()]
         for i in range(0, len(ms), 1000):

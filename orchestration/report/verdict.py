@@ -115,6 +115,31 @@ def headline_metrics(rep: Report) -> dict[str, float]:
     return out
 
 
+def headline_markdown(rep: Report, report_path: str) -> str:
+    """The headline as Markdown: the parent run's description in the MLflow UI. Per scale: the verdict words,
+    the primary comparisons with their intervals, every trust diagnostic; then where the full report is."""
+    out = [f"## Verdict of sweep `{rep.data.sweep}` (spec {rep.data.spec_hash})", ""]
+    for scale, family in rep.scale_families():
+        out += [f"### {scale} {family}", "", f"**{rep.headline(scale, family)}**", ""]
+        rows = [c for c in rep.primary() if (c.scale, c.family) == (scale, family)]
+        if rows:
+            out += ["| ratio | control | verdict | pruned − control (nats/token) | 95% CI | p (Holm) | seeds |",
+                    "|---|---|---|---|---|---|---|"]
+            out += [f"| {c.ratio:g} | {CONTROL_NAMES[c.control]} | {c.verdict.replace('_', ' ')} | "
+                    f"{c.diff_mean:+.4f} | {fmt_ci(c.ci95)} | {fmt_p(c.p_holm)} | {c.n_seeds} |" for c in rows]
+            out.append("")
+        checks = [g for g in rep.diagnostics if (g.scale, g.family) == (scale, family)]
+        if checks:
+            out.append("Trust diagnostics:")
+            word = {True: "passed", False: "**failed**", None: "not checked"}
+            out += [f"- {g.check}: {word[g.passed]} — {g.detail}" for g in checks]
+            out.append("")
+    if rep.data.missing:
+        out += [f"Partial: {len(rep.data.missing)} planned unit(s) missing.", ""]
+    out.append(f"Full report: artifacts `{report_path}/report.html` (and `report.md`, `verdict.json`) of this run.")
+    return "\n".join(out)
+
+
 def headline_table(rep: Report) -> str:
     """The headline as plain text for the terminal."""
     lines = [f"verdict of sweep {rep.data.sweep} (spec {rep.data.spec_hash}):"]
