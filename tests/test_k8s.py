@@ -523,7 +523,8 @@ def test_install_script_in_a_fresh_venv(tmp_path):
     src = tmp_path / "src"  # a copy: the script must not depend on this checkout's egg-info or caches
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "__pycache__", ".cache",
                                                               "mlruns", "reports", "ray_results", "runs"))
-    env = {**os.environ, "PYTHON": str(py), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    # PIP_RETRIES: offline, the lock's extra index (PyTorch's CPU wheels) is unreachable; ask it once, not 5 times
+    env = {**os.environ, "PYTHON": str(py), "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_RETRIES": "0"}
     r = subprocess.run(["bash", str(src / "k8s" / "images" / "install.sh"), str(src)], capture_output=True,
                        text=True, timeout=900, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
