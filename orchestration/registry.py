@@ -50,13 +50,13 @@ def log_pruned_model(uri: str, run_id: str, model_dir: str | Path, tokenizer: st
     """Log the checkpoint in `model_dir` to the run as an MLflow transformers model; returns its model URI. The
     model is loaded first: MLflow 3.17 cannot log a checkpoint directory by path with transformers v5."""
     import mlflow
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri  # the caller's MLflow URI stays as it was
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as tf_logging
 
     tf_logging.disable_progress_bar()
 
-    mlflow.set_tracking_uri(uri)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _use_tracking_uri(uri):
         ckpt = _with_tokenizer(Path(model_dir), Path(tmp) / "checkpoint", tokenizer)
         parts = {"model": AutoModelForCausalLM.from_pretrained(str(ckpt)),
                  "tokenizer": AutoTokenizer.from_pretrained(str(ckpt))}
@@ -77,11 +77,11 @@ def register_primary(rep, tracking_uri: str, say=print) -> list[tuple[str, str]]
     run is not registered twice. Returns (name, version) of each."""
     import mlflow
     from mlflow import MlflowClient
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
     from .report.analysis import PRIMARY
     from .report.verdict import CONTROL_NAMES
 
-    mlflow.set_tracking_uri(tracking_uri)
     client = MlflowClient(tracking_uri)
     out, skipped = [], 0
     dense = {(r.scale, r.family, r.seed): r for r in rep.data.runs if r.arm == "dense"}
@@ -109,7 +109,8 @@ def register_primary(rep, tracking_uri: str, say=print) -> list[tuple[str, str]]
             if (c.scale, c.family, c.ratio) == (r.scale, r.family, r.ratio):
                 tags[f"headroom.verdict.{c.control}"] = (f"{c.verdict} vs {CONTROL_NAMES[c.control]} "
                                                          f"(diff {c.diff_mean:+.4f})")
-        mv = mlflow.register_model(uri, name, tags=tags)
+        with _use_tracking_uri(tracking_uri):
+            mv = mlflow.register_model(uri, name, tags=tags)
         out.append((name, mv.version))
     say(f"registered {len(out)} pruned model version(s) of method {PRIMARY['method']}"
         + (f"; {skipped} without a transformers model (see their `{LOGGED}` tag)" if skipped else ""))

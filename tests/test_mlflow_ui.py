@@ -73,7 +73,7 @@ def test_children_say_what_they_are_and_link_their_dense_run(smoke):
                r.data.tags["mlflow.note.content"] for r in pruned)
 
 
-def test_a_pruned_model_loads_with_mlflow_transformers_and_computes_what_headroom_does(smoke):
+def test_a_pruned_model_loads_with_mlflow_transformers_and_computes_what_headroom_does(smoke, monkeypatch):
     import mlflow
     import torch
 
@@ -89,7 +89,7 @@ def test_a_pruned_model_loads_with_mlflow_transformers_and_computes_what_headroo
         found = c.search_logged_models([r.info.experiment_id], filter_string=f"source_run_id = '{r.info.run_id}'")
         assert len(found) == 1 and found[0].name == "pruned_model"
     r = next(r for r in pruned if r.data.tags["headroom.method"] == "gradient")
-    mlflow.set_tracking_uri(f"sqlite:///{smoke['cwd'] / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{smoke['cwd'] / 'mlflow.db'}")  # this test only
     parts = mlflow.transformers.load_model(r.data.tags["headroom.model"], return_type="components")
     model, tok = parts["model"], parts["tokenizer"]
     # the reference: headroom's own loader on the trial's checkpoint (the one the report's losses came from)
