@@ -74,7 +74,7 @@ def main() -> int:
     # prune stage with plain dense training
     prune = sweep.prune.model_copy(update={"at": [1.0]})
     update = {"name": "bench-sweep-reuse", "scales": scales, "controls": [], "lr": None, "probes": None,
-              "prune": prune}
+              "prune": prune, "log_models": False}  # it measures trials; logging pruned models is the driver's
     if args.tiny:
         update.update(family=["decoder"], seeds=[0], prune=prune.model_copy(update={"methods": ["random"]}))
     sweep = sweep.model_copy(update=update)
