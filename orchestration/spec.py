@@ -41,6 +41,7 @@ A sweep file, with the defaults of the fields it may leave out:
     retries: 2                      # Ray retries of a failed trial (it continues from its checkpoint)
     storage: ./ray_results          # or s3://bucket/prefix; CLI --storage overrides
     tracking_uri: sqlite:///mlflow.db   # CLI --tracking-uri overrides
+    log_models: true                # each prune unit's pruned model as an MLflow transformers model (off: large models)
     pretrained: {checkpoint: DIR}   # instead of scales: prune a local checkpoint only (Michel et al. style)
 """
 
