@@ -186,9 +186,9 @@ class Unit:
         if self.arm == "pruned":
             when = "the trained dense model" if self.prune_at == 1.0 else f"the dense run at {self.prune_at:g} of T"
             tail = (f", fine-tuned {self.prune.finetune_steps} steps" if self.prune.finetune_steps else "")
-            return (f"Pruned: {when} ({what}) with {self.ratio:.0%} of its heads removed by {self.method} "
-                    f"importance ({self.scope.replace('_', ' ')}, {self.schedule.replace('_', '-')}), leaving "
-                    f"{heads}{tail}.")
+            return (f"Pruned: {when} ({what}, {heads}) with {self.ratio:.0%} of its heads removed by "
+                    f"{self.method} importance ({self.scope.replace('_', ' ')}, "
+                    f"{self.schedule.replace('_', '-')}){tail}.")
         return {
             "dense": f"Dense: {what}, {heads}, trained from scratch for {steps}.",
             "scratch_e": f"Scratch-E control: the pruned architecture ({heads}) trained from scratch for the dense "

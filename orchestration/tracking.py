@@ -34,7 +34,7 @@ FINISHED = RunStatus.to_string(RunStatus.FINISHED)
 RUNNING = RunStatus.to_string(RunStatus.RUNNING)
 STEPPED = ("train/loss", "train/lr", "val/loss", "val/ppl")
 NOTE = "mlflow.note.content"  # the description the MLflow UI shows on an experiment's or a run's page
-# MLflow 3's UI opens an experiment of this kind on its runs table (otherwise on the GenAI traces overview)
+# MLflow 3's experiment kind "model training" (MLflow 3.17's UI does not read it to choose its pages: see ui_link)
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 DENSE_RUN = "headroom.dense_run_id"  # on pruned runs and controls: the run of the dense model they answer to
 
@@ -98,8 +98,7 @@ class Tracker:
         exp = self.client.get_experiment_by_name(sweep_name)
         if exp is None:
             root = _local_artifact_root(uri)
-            self.experiment_id = self.client.create_experiment(sweep_name, artifact_location=root,
-                                                               tags=EXPERIMENT_KIND)
+            self.experiment_id = self.client.create_experiment(sweep_name, artifact_location=root)
         else:
             self.experiment_id = exp.experiment_id
         self.sweep_name, self.spec_hash = sweep_name, spec_hash
@@ -163,7 +162,7 @@ class Tracker:
         return self.parent_id
 
     def describe_experiment(self, note: str) -> None:
-        """The experiment's kind (so the UI opens on its runs) and description (what the sweep tests)."""
+        """The experiment's kind tag and description (what the sweep tests), for a new or an existing one."""
         for k, v in {**EXPERIMENT_KIND, NOTE: note}.items():
             self.client.set_experiment_tag(self.experiment_id, k, v)
 
