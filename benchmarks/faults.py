@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import summarize  # noqa: E402
 from stack import ROOT, Stack, missing  # noqa: E402
 
 from orchestration.runstore import mlflow_client  # noqa: E402
@@ -262,6 +263,11 @@ class Campaign:
                "resubmissions": len(self.jobs) - 1, "wall_s": round(wall, 1)}
         with self._login() as c:
             out.update(audit(c, self.sweep_name, plan))
+        # counts are exact; the recovery times are samples of a noisy machine: their median and spread
+        recovery = summarize([f["recovery_s"] for f in self.faults]) if self.faults else None
+        out["samples"] = [{"kind": f.get("kind"), "recovery_s": f["recovery_s"]} for f in self.faults]
+        out["median_recovery_s"] = recovery and recovery["median"]
+        out["spread"] = recovery and recovery["spread"]
         out["goal"] = "units_lost == duplicate_runs == duplicate_steps == missing_steps == missing_artifacts == 0"
         out["meets_goal"] = all(out[k] == 0 for k in ("units_lost", "duplicate_runs", "duplicate_steps",
                                                       "missing_steps", "missing_artifacts"))

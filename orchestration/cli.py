@@ -179,10 +179,11 @@ def _add_report(sub) -> None:
 
 
 BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
-    "train_overhead": ["--steps", "6", "--warmup", "2", "--batch-size", "4", "--seq-len", "32"],
+    "train_overhead": ["--steps", "6", "--warmup", "2", "--batch-size", "4", "--seq-len", "32", "--repeats", "2"],
     "ablation_batched": ["--scale", "xs", "--batches", "1", "--batch-size", "2", "--seq-len", "32",
-                         "--max-rows", "16"],
-    "prune_speed": ["--scale", "xs", "--batch-size", "2", "--seq-len", "32", "--repeats", "2", "--warmup", "1"],
+                         "--max-rows", "16", "--repeats", "2"],
+    "prune_speed": ["--scale", "xs", "--batch-size", "2", "--seq-len", "32", "--repeats", "2", "--passes", "1",
+                    "--warmup", "1"],
     "sweep_reuse": ["--tiny"],
     "compute_share": ["--tiny"],
     "faults": ["--tiny"],  # needs PostgreSQL 15's server binaries and kubectl (benchmarks/stack.py)
@@ -191,17 +192,17 @@ BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
 }
 GPU_BENCHMARKS = {  # `headroom bench --gpu`: the GPU questions, sized to fit a few minutes of one GPU
     # MFU at l and xl (and the Lightning ÷ plain-loop ratio at m)
-    "train_overhead": ["--scale", "m", "--steps", "120", "--warmup", "20", "--mfu-scales", "l,xl",
+    "train_overhead": ["--scale", "m", "--steps", "120", "--warmup", "20", "--repeats", "5", "--mfu-scales", "l,xl",
                        "--mfu-steps", "60"],
     # batched ablation vs one mask per pass: goal ≥ 3× on a GPU
     "ablation_batched": ["--scale", "l", "--batches", "2", "--batch-size", "8", "--seq-len", "256",
-                         "--max-rows", "256", "--device", "cuda"],
+                         "--max-rows", "256", "--device", "cuda", "--repeats", "5"],
     # what SDPA, torch.compile, bf16-mixed and fused AdamW each buy in a training step
-    "train_kernels": ["--scale", "l", "--steps", "30", "--warmup", "10", "--repeats", "3", "--batch-size", "16",
+    "train_kernels": ["--scale", "l", "--steps", "30", "--warmup", "10", "--repeats", "5", "--batch-size", "16",
                 "--seq-len", "512"],
     # pruned latency vs the FLOP prediction at batch 64 in bf16: goal within 10%
     "prune_speed": ["--scale", "l", "--batch-size", "64", "--seq-len", "512", "--dtype", "bfloat16",
-                    "--device", "cuda", "--repeats", "20", "--warmup", "5"],
+                    "--device", "cuda", "--repeats", "15", "--passes", "10", "--warmup", "2"],
 }
 
 
@@ -339,6 +340,29 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _spread_text(v: float, sp: dict | None) -> str:
+    if not sp:
+        return f"{v:.3g}"
+    iqr, iv = sp["iqr"], sp["interval"]
+    return (f"{v:.3g} (IQR {iqr[0]:.3g}–{iqr[1]:.3g}; {sp['coverage']:.0%} interval {iv[0]:.3g}–{iv[1]:.3g}; "
+            f"n={sp['n']})")
+
+
+def _bench_lines(name: str, res: dict) -> list[str]:
+    """A benchmark's median(s) with their spread, from its JSON: one line, or one per comparison (a ratio of
+    prune_speed, a choice of train_kernels)."""
+    key = next((k for k in ("median_ratio", "median_speedup", "median_recovery_s") if k in res), None)
+    if key is None:
+        return [f"{name}: see JSON"]
+    what = key.removeprefix("median_")
+    value, spread = res[key], res.get("spread")
+    if isinstance(value, dict):
+        by = res.get("meets_goal_by", {})
+        return [f"{name} {k}: median {what} {_spread_text(v, (spread or {}).get(k))}"
+                + (f"; meets goal: {by[k]}" if k in by else "") for k, v in value.items()]
+    return [f"{name}: median {what} {_spread_text(value, spread)}"]
+
+
 def cmd_bench(args) -> int:
     root = Path(__file__).resolve().parents[1] / "benchmarks"
     table = GPU_BENCHMARKS if args.gpu else BENCHMARKS
@@ -367,10 +391,9 @@ def cmd_bench(args) -> int:
             failed += 1
             continue
         res = json.loads(out.read_text())
-        value = next((f"{k} {res[k]:.3g}" for k in ("ratio", "speedup") if isinstance(res.get(k), (int, float))),
-                     "see JSON")
-        goal = res.get("goal", res.get("goal_abs_error"))
-        print(f"{n}: {value}; goal {goal}; meets goal: {res.get('meets_goal')}  ({out})")
+        for line in _bench_lines(n, res):
+            print(line)
+        print(f"{n}: meets goal: {res.get('meets_goal')} (goal {res.get('goal', res.get('goal_abs_error'))}; {out})")
         if res.get("mfu"):
             m = res["mfu"]
             print(f"{n}: MFU " + ", ".join(f"{k} {v['mfu']:.1%}" for k, v in m.items() if isinstance(v, dict))

@@ -1,5 +1,5 @@
 """What `headroom sweep` prints when its stages are done, before the verdict: mean final losses per arm, wall
-time per stage and the compute share. Read from the sweep's MLflow runs (as the driver's tracker holds them)."""
+time per stage, the median trial's seconds per stage and the median compute share of a trial. Read from the sweep's MLflow runs (as the driver's tracker holds them)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,42 @@ import statistics
 from .plan import WORK_KINDS, cell_label, scale_rank
 
 
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile)."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
 def compute_share(metrics: list[dict]) -> dict | None:
-    """Of the trial seconds of these runs (cost/wall_s), the share spent in training, evaluation and scoring
-    steps, in all and by kind; None when no run recorded them. The rest is framework setup, data preparation,
-    checkpoints and Tune's bookkeeping."""
-    wall = sum(m.get("cost/wall_s", 0.0) for m in metrics if "cost/train_s" in m)
-    if not wall:
+    """Of each trial's seconds (cost/wall_s), the share spent in training, evaluation and scoring steps: the
+    median over trials and its interquartile range (one slow trial, or a busy moment of the machine, moves the
+    median little), the medians by kind, and the pooled share (all work seconds ÷ all trial seconds); None when no
+    run recorded them. The rest is framework setup, data preparation, checkpoints and Tune's bookkeeping."""
+    timed = [m for m in metrics if "cost/train_s" in m and m.get("cost/wall_s")]
+    if not timed:
         return None
-    by = {k: sum(m.get(f"cost/{k}", 0.0) for m in metrics if "cost/train_s" in m) / wall for k in WORK_KINDS}
-    return {"share": sum(by.values()), **by, "trial_s": wall,
-            "trials": sum(1 for m in metrics if "cost/train_s" in m)}
+    shares = [sum(m.get(f"cost/{k}", 0.0) for k in WORK_KINDS) / m["cost/wall_s"] for m in timed]
+    q1, med, q3 = _quartiles(shares)
+    wall = sum(m["cost/wall_s"] for m in timed)
+    by = {k: statistics.median(m.get(f"cost/{k}", 0.0) / m["cost/wall_s"] for m in timed) for k in WORK_KINDS}
+    pooled = sum(sum(m.get(f"cost/{k}", 0.0) for k in WORK_KINDS) for m in timed) / wall
+    return {"share": med, "iqr": [q1, q3], **by, "pooled": pooled, "trial_s": wall, "trials": len(timed),
+            "shares": shares}
+
+
+def trial_seconds(runs: list) -> dict[str, dict]:
+    """Per stage: {"median", "iqr", "trials"} of its trials' seconds (cost/wall_s)."""
+    by: dict[str, list[float]] = {}
+    for r in runs:
+        if r.data.metrics.get("cost/wall_s"):
+            by.setdefault(r.data.tags.get("headroom.stage", "?"), []).append(r.data.metrics["cost/wall_s"])
+    out = {}
+    for stage, v in by.items():
+        q1, med, q3 = _quartiles(v)
+        out[stage] = {"median": med, "iqr": [q1, q3], "trials": len(v)}
+    return out
 
 
 def loss_table(sweep_name: str, runs: list) -> str:
@@ -62,15 +88,23 @@ def loss_table(sweep_name: str, runs: list) -> str:
 
 
 def timing(wall: float, stage_seconds: dict[str, float], runs: list) -> str:
-    """Wall time per stage, and how much of the trials' time was the work itself (train/eval/score steps)."""
+    """Wall time per stage, the median trial's seconds per stage, and how much of a trial's time was the work
+    itself (train/eval/score steps): medians over trials with their interquartile ranges."""
     lines = []
     if stage_seconds:
         lines.append(f"\nwall time {wall:.0f} s: " + ", ".join(f"{k} {v:.0f} s" for k, v in stage_seconds.items())
                      + f", other {wall - sum(stage_seconds.values()):.0f} s (plan, data, Ray start, MLflow)")
-    share = compute_share([r.data.metrics for r in runs if r.info.status == "FINISHED"])
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    per_stage = trial_seconds(finished)
+    if per_stage:
+        lines.append("trial seconds, median (IQR) over trials: " + ", ".join(
+            f"{k} {v['median']:.1f} s ({v['iqr'][0]:.1f}–{v['iqr'][1]:.1f}; {v['trials']} trials)"
+            for k, v in per_stage.items()))
+    share = compute_share([r.data.metrics for r in finished])
     if share is not None:
-        lines.append(f"compute share: {share['share']:.0%} of {share['trial_s']:.0f} trial-seconds ({share['trials']} "
-                     f"trials) in training, evaluation and scoring steps (train {share['train_s']:.0%}, eval "
-                     f"{share['eval_s']:.0%}, score {share['score_s']:.0%}); the rest is setup, data, checkpoints "
-                     "(lr candidates stopped early by ASHA report no timings)")
+        lines.append(f"compute share: median {share['share']:.0%} of a trial (IQR {share['iqr'][0]:.0%}–"
+                     f"{share['iqr'][1]:.0%}, {share['trials']} trials) in training, evaluation and scoring steps "
+                     f"(medians: train {share['train_s']:.0%}, eval {share['eval_s']:.0%}, score "
+                     f"{share['score_s']:.0%}); pooled {share['pooled']:.0%} of {share['trial_s']:.0f} trial-seconds; "
+                     "the rest is setup, data, checkpoints (lr candidates stopped early by ASHA report no timings)")
     return "\n".join(lines)

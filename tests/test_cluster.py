@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -67,6 +68,10 @@ def test_the_faulted_sweep_loses_and_duplicates_nothing(campaign):
     assert bad == dict.fromkeys(bad, 0), {k: campaign[k] for k in ("lost", "duplicated", "duplicated_steps",
                                                                   "missing", "missing_files")}
     assert campaign["units_finished"] == 24 and campaign["meets_goal"] is True
+    # the recovery times are samples: their median and spread, each fault's time kept
+    rec = [f["recovery_s"] for f in campaign["faults"]]
+    assert [s["recovery_s"] for s in campaign["samples"]] == rec and campaign["spread"]["n"] == 3
+    assert campaign["median_recovery_s"] == statistics.median(rec)
     assert "mean final loss" in campaign["logs"]  # the last driver's summary, in its job's log
 
 
