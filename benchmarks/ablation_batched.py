@@ -3,7 +3,7 @@ with one mask per forward pass, on the same batches: identical scores, and the s
 Goal: speedup ≥ 3×. On a CPU a bigger batch buys no throughput, so expect about 1× there (or less, from cache
 pressure); the stacking pays on a GPU, where one single-head mask per pass leaves the device idle.
 
-    python benchmarks/ablation_batched.py [--scale s] [--batches 2] [--batch-size 8] [--seq-len 128] [--repeats 5]
+    python benchmarks/ablation_batched.py [--scale s] [--batches 2] [--batch-size 8] [--seq-len 128] [--repeats 9]
 
 Both are timed interleaved (benchmarks/measure.py): an untimed warm-up round, then `--repeats` rounds of one
 batched and one sequential scoring of all batches, the order alternating; the answer is the median of the
@@ -30,7 +30,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--max-rows", type=int, default=256, help="rows of one batched forward pass")
-    ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds (one scoring of each side per round)")
+    ap.add_argument("--repeats", type=int, default=9, help="interleaved rounds (one scoring of each side per round)")
     ap.add_argument("--device", default="auto", help="cpu | cuda | auto (cuda when there is one)")
     ap.add_argument("--out", default="benchmarks/results/ablation_batched.json")
     args = ap.parse_args(argv)

@@ -91,6 +91,7 @@ def main(argv=None) -> dict:
     res = {"benchmark": "prune_speed", "scale": args.scale, "family": args.family, "batch_size": args.batch_size,
            "seq_len": args.seq_len, "repeats": args.repeats, "passes": args.passes, "device": device,
            "dtype": args.dtype, "threads": torch.get_num_threads(), "goal_abs_error": 0.10,
+           "goal": "|measured ÷ predicted speedup − 1| ≤ 0.10 at batch ≥ 16, at every ratio",
            # per ratio: the median speedup (dense ÷ pruned) and its spread; samples hold every round's latencies
            "median_speedup": {str(x["ratio"]): x["median_speedup"] for x in rows},
            "spread": {str(x["ratio"]): x["spread"] for x in rows},

@@ -12,7 +12,7 @@ Trial seconds are the work of each trial after its worker's one-time framework i
 came first). The stages cannot be interleaved — a prune trial needs its trained dense model — so the spread over
 pairs is what shows this machine's noise; every pair is in the JSON.
 
-    python benchmarks/sweep_reuse.py            # smoke's units at the xs preset budget (300 dense steps)
+    python benchmarks/sweep_reuse.py            # smoke's units, 3 seeds, at the xs preset budget (300 dense steps)
     python benchmarks/sweep_reuse.py --tiny     # one seed, family, method; smoke's 40 steps (CI: checks the JSON)
 """
 
@@ -79,6 +79,8 @@ def main() -> int:
               "prune": prune, "log_models": False}  # it measures trials; logging pruned models is the driver's
     if args.tiny:
         update.update(family=["decoder"], seeds=[0], prune=prune.model_copy(update={"methods": ["random"]}))
+    else:  # 3 seeds × 2 methods: 6 pairs, enough for the median's interval to decide the goal
+        update.update(seeds=[0, 1, 2])
     sweep = sweep.model_copy(update=update)
 
     work = Path(tempfile.mkdtemp(prefix="headroom-bench-"))

@@ -6,7 +6,7 @@ achieves (tokens/s × 3 × forward FLOPs per token, as lightning_modules/costs.p
 peak, measured on the spot with a large bf16 matmul (no table of device names). Training as a sweep trains there: Lightning,
 bf16-mixed, SDPA attention, fused AdamW. Goal: MFU ≥ 0.4 at xl. Without a GPU the JSON says MFU was not measured.
 
-    python benchmarks/train_overhead.py [--scale xs] [--steps 200] [--warmup 20] [--repeats 5] [--out FILE]
+    python benchmarks/train_overhead.py [--scale xs] [--steps 200] [--warmup 20] [--repeats 9] [--out FILE]
 
 Both runs time the same steady-state window (steps warmup..steps), excluding start-up, validation and
 checkpointing. They are measured interleaved (benchmarks/measure.py): an untimed warm-up round, then `--repeats`
@@ -131,7 +131,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--family", default="decoder")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps at the start of every run")
-    ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds (one run of each side per round)")
+    ap.add_argument("--repeats", type=int, default=9,
+                    help="interleaved rounds (one run of each side per round); 9 lets the median's interval drop the "
+                         "extreme round at each end")
     ap.add_argument("--batch-size", type=int)
     ap.add_argument("--seq-len", type=int)
     ap.add_argument("--mfu-scales", default="l,xl", help="scales whose MFU is measured on a GPU")

@@ -393,7 +393,7 @@ def cmd_bench(args) -> int:
         res = json.loads(out.read_text())
         for line in _bench_lines(n, res):
             print(line)
-        print(f"{n}: meets goal: {res.get('meets_goal')} (goal {res.get('goal', res.get('goal_abs_error'))}; {out})")
+        print(f"{n}: meets goal: {res.get('meets_goal')} (goal {res.get('goal')}; {out})")
         if res.get("mfu"):
             m = res["mfu"]
             print(f"{n}: MFU " + ", ".join(f"{k} {v['mfu']:.1%}" for k, v in m.items() if isinstance(v, dict))
