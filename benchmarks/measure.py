@@ -4,7 +4,7 @@ is the median of the per-round ratios, with their interquartile range and a dist
 of that median; the goal is met, missed or undecided ("inconclusive") by where that interval lies.
 
 A load that drifts during the run (a neighbour starting a job) moves both sides of a round alike, so the per-round
-ratio keeps the planted value where a ratio of side totals, or of sides measured one after the other, would not;
+ratio keeps the true value where a ratio of side totals, or of sides measured one after the other, would not;
 the median ignores the round a spike hit.
 """
 

@@ -1,5 +1,6 @@
 """What `headroom sweep` prints when its stages are done, before the verdict: mean final losses per arm, wall
-time per stage, the median trial's seconds per stage and the median compute share of a trial. Read from the sweep's MLflow runs (as the driver's tracker holds them)."""
+time per stage, the median trial's seconds per stage and the median compute share of a trial. Read from the
+sweep's MLflow runs (as the driver's tracker holds them)."""
 
 from __future__ import annotations
 
