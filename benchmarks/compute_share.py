@@ -29,7 +29,7 @@ from measure import at_least, summarize
 from sweep_runs import run_and_read
 
 from orchestration.spec import TrainOverrides, load_sweep
-from orchestration.summary import compute_share
+from orchestration.summary import compute_share, has_timing
 
 GOAL = 0.6
 
@@ -63,7 +63,7 @@ def main() -> int:
     finally:
         os.chdir(cwd)
 
-    timed = [r for r in runs if "cost/train_s" in r.data.metrics and r.data.metrics.get("cost/wall_s")]
+    timed = [r for r in runs if has_timing(r.data.metrics)]
     share = compute_share([r.data.metrics for r in timed])
     samples = [{"stage": r.data.tags.get("headroom.stage"), "unit": r.data.tags.get("headroom.key"),
                 "trial_s": r.data.metrics["cost/wall_s"], "share": x} for r, x in zip(timed, share["shares"])]

@@ -11,12 +11,12 @@ the median ignores the round a spike hit.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
 from scipy import stats
+
+from orchestration.summary import quartiles
 
 LEVEL = 0.95  # the confidence the interval aims at
 MIN_SAMPLES = 5  # fewer and a goal is never decided: the interval could not be trusted to cover the median
@@ -106,9 +106,8 @@ def summarize(values: Sequence[float], goal: tuple[float, float] | None = None) 
     """{"median", "spread": {"iqr", "interval", "coverage", "n"}, "meets_goal"} of per-round ratios (or any
     samples). meets_goal is None without a goal."""
     values = [float(v) for v in values]
-    med = statistics.median(values)
+    q1, med, q3 = quartiles(values)
     low, high, coverage = median_interval(values)
-    q1, q3 = (float(q) for q in np.percentile(values, [25, 75]))
     out = {"median": med, "spread": {"iqr": [q1, q3], "interval": [low, high], "coverage": round(coverage, 4),
                                      "n": len(values)}}
     out["meets_goal"] = None if goal is None else decide(low, high, med, goal, len(values))

@@ -9,24 +9,30 @@ import statistics
 from .plan import WORK_KINDS, cell_label, scale_rank
 
 
-def _quartiles(values: list[float]) -> tuple[float, float, float]:
-    """(first quartile, median, third quartile)."""
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile), linear interpolation between order statistics (numpy's default
+    percentile; benchmarks/measure.py uses these too)."""
     if len(values) == 1:
         return values[0], values[0], values[0]
     q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return q1, q2, q3
 
 
+def has_timing(metrics: dict) -> bool:
+    """Whether a run recorded where its trial's seconds went (lr candidates ASHA stopped early did not)."""
+    return "cost/train_s" in metrics and bool(metrics.get("cost/wall_s"))
+
+
 def compute_share(metrics: list[dict]) -> dict | None:
     """Of each trial's seconds (cost/wall_s), the share spent in training, evaluation and scoring steps: the
     median over trials and its interquartile range (one slow trial, or a busy moment of the machine, moves the
     median little), the medians by kind, and the pooled share (all work seconds ÷ all trial seconds); None when no
-    run recorded them. The rest is framework setup, data preparation, checkpoints and Tune's bookkeeping."""
-    timed = [m for m in metrics if "cost/train_s" in m and m.get("cost/wall_s")]
+    run recorded them. "shares" lists each timed run's share, in the order given. The rest is framework setup, data preparation, checkpoints and Tune's bookkeeping."""
+    timed = [m for m in metrics if has_timing(m)]
     if not timed:
         return None
     shares = [sum(m.get(f"cost/{k}", 0.0) for k in WORK_KINDS) / m["cost/wall_s"] for m in timed]
-    q1, med, q3 = _quartiles(shares)
+    q1, med, q3 = quartiles(shares)
     wall = sum(m["cost/wall_s"] for m in timed)
     by = {k: statistics.median(m.get(f"cost/{k}", 0.0) / m["cost/wall_s"] for m in timed) for k in WORK_KINDS}
     pooled = sum(sum(m.get(f"cost/{k}", 0.0) for k in WORK_KINDS) for m in timed) / wall
@@ -42,7 +48,7 @@ def trial_seconds(runs: list) -> dict[str, dict]:
             by.setdefault(r.data.tags.get("headroom.stage", "?"), []).append(r.data.metrics["cost/wall_s"])
     out = {}
     for stage, v in by.items():
-        q1, med, q3 = _quartiles(v)
+        q1, med, q3 = quartiles(v)
         out[stage] = {"median": med, "iqr": [q1, q3], "trials": len(v)}
     return out
 
