@@ -12,6 +12,7 @@ Runs in the driver, like all MLflow writes (orchestration/tracking.py).
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 from importlib.metadata import version
@@ -55,6 +56,8 @@ def log_pruned_model(uri: str, run_id: str, model_dir: str | Path, tokenizer: st
     from transformers.utils import logging as tf_logging
 
     tf_logging.disable_progress_bar()
+    # a local checkpoint has no Hub model card or license to look up: MLflow's two warnings per model say only that
+    logging.getLogger("mlflow.transformers").setLevel(logging.ERROR)
 
     with tempfile.TemporaryDirectory() as tmp, _use_tracking_uri(uri):
         ckpt = _with_tokenizer(Path(model_dir), Path(tmp) / "checkpoint", tokenizer)
