@@ -37,11 +37,14 @@ def plain_loop(model_cfg, train_cfg, dm, warmup: int) -> tuple[float, float, int
     from lightning_modules.lm import make_optimizer
     from lightning_modules.models import build_model, mean_loss
 
-    model = build_model(model_cfg, seed=train_cfg.seed)
+    # on the device the Lightning side trains on (Lightning's accelerator="auto": the GPU when there is one)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = build_model(model_cfg, seed=train_cfg.seed).to(device)
     model.train()
     opt, sched = make_optimizer(model, train_cfg)
     t_start, tokens = None, 0
     for step, batch in enumerate(dm.train_dataloader()):
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         if step == warmup:
             t_start = time.perf_counter()
         loss = mean_loss(model, batch)
@@ -55,6 +58,8 @@ def plain_loop(model_cfg, train_cfg, dm, warmup: int) -> tuple[float, float, int
             tokens += batch["input_ids"].numel()
         if step + 1 >= train_cfg.steps:
             break
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     return tokens / (time.perf_counter() - t_start), float(loss), tokens
 
 

@@ -102,7 +102,7 @@ def prune_and_continue(snapshot: str | os.PathLike, data, plan: PrunePlan, *, ev
         raise KeyboardInterrupt
     timer.s["train_s"] += clock.seconds
     timer.s["eval_s"] += clock.val_seconds
-    pruned = continued.model.eval()
+    pruned = continued.model.to(trainer.strategy.root_device).eval()  # teardown left it on the CPU
     with timer("eval_s"):
         pre_ft = {s: evaluate_loss(pruned, l, loss_fn, per_window=True) for s, l in loaders.items()}
         dense = ({s: {k: dense_eval[s][k] for k in ("loss", "ppl", "tokens")} for s in sets}

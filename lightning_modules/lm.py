@@ -45,13 +45,17 @@ def optimizer_params(model: torch.nn.Module) -> tuple[list[tuple[str, torch.nn.P
     return decay, no_decay
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig):
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool | None = None):
     """AdamW; weight decay on matrices only (not on biases and norm gains). The same for the Lightning module and
-    for the plain loop of benchmarks/train_overhead.py."""
+    for the plain loop of benchmarks/train_overhead.py. `fused` (default: on a GPU, unless the precision is
+    fp16-mixed, whose loss scaler a fused step would unscale itself, after clipping saw scaled gradients) picks
+    the fused kernel; clipping then happens in HeadroomLM.configure_gradient_clipping."""
     decay, no_decay = optimizer_params(model)
     groups = [{"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
               {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
-    kw = {"fused": True} if torch.cuda.is_available() else {}
+    if fused is None:
+        fused = torch.cuda.is_available() and cfg.precision != "16-mixed"
+    kw = {"fused": True} if fused else {}
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **kw)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     return opt, sched
@@ -180,6 +184,19 @@ class HeadroomLM(pl.LightningModule):
         loss = self._val[0] / max(self._val[1], 1)
         self.log("val/loss", loss, prog_bar=True)
         self.log("val/ppl", math.exp(min(loss, 50.0)))
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        """Clip by global norm, as Lightning does, also for a fused AdamW under bf16-mixed: Lightning refuses any
+        optimizer that unscales gradients in its step when a mixed precision is set, though bf16-mixed has no loss
+        scaler and its gradients are already true ones. With a scaler (fp16-mixed; make_optimizer then builds no
+        fused optimizer) Lightning's own path unscales first."""
+        if not gradient_clip_val:
+            return
+        if getattr(self.trainer.precision_plugin, "scaler", None) is None:
+            torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]],
+                                           gradient_clip_val)
+        else:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self):
         opt, sched = make_optimizer(self.model, self.train_cfg)

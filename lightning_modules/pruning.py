@@ -218,11 +218,12 @@ def finetune(model, data, steps: int, lr: float, base: TrainConfig, loss_fn: Los
     data.train_cfg = cfg
     data.samples_consumed = 0
     try:
-        build_trainer(cfg, None, progress=progress, callbacks=[clock] if clock is not None else ()).fit(
-            lm, datamodule=data)
+        trainer = build_trainer(cfg, None, progress=progress, callbacks=[clock] if clock is not None else ())
+        trainer.fit(lm, datamodule=data)
     finally:
         data.train_cfg = saved
-    return lm.model.eval()
+    # Lightning's teardown leaves the module on the CPU; the evaluation that follows runs where it trained
+    return lm.model.to(trainer.strategy.root_device).eval()
 
 
 def recover(pruned, data, plan: PrunePlan, loaders: dict, loss_fn, timer: WorkTimer, progress: bool = False):

@@ -172,6 +172,8 @@ def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfi
     if checkpoint_dir is not None:
         # the rolling checkpoint is written every k steps; the final state must be the one on disk
         trainer.save_checkpoint(str(Path(checkpoint_dir) / "last.ckpt"))
+    # Lightning's teardown moves the module back to the CPU after fit; evaluate where it trained
+    lm.to(trainer.strategy.root_device)
     t_eval = time.perf_counter()
     metrics = evaluate_all(lm.model, dm, train_cfg.eval_batches) if final_eval else {"final": {}}
     eval_s = time.perf_counter() - t_eval
