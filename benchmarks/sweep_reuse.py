@@ -58,7 +58,8 @@ def naive_trial(config):
     run_prune(result.lm.model.eval(), result.data, unit.plan, eval_batches=unit.train.eval_batches,
               calibration_batches=unit.prune.calibration_batches, curve=unit.prune.curve,
               curve_batches=unit.prune.curve_batches)
-    tune.report({"work_s": time.time() - t0})
+    # the work it did, beside its seconds: the dense steps it trained (then it pruned, as a prune trial does)
+    tune.report({"work_s": time.time() - t0, "dense_steps_trained": result.metrics["steps"]})
 
 
 def main() -> int:
@@ -94,8 +95,16 @@ def main() -> int:
         # each prune trial with the train trial of the dense model it prunes
         dense_s = {r.info.run_id: r.data.metrics["cost/work_s"] for r in runs if r.data.tags["headroom.arm"] == "dense"}
         dense_key = {r.data.tags["headroom.key"]: r.info.run_id for r in runs if r.data.tags["headroom.arm"] == "dense"}
+        # the work each trial did, from its MLflow run: the training steps it logged (train/loss history); a prune
+        # trial trains no dense model
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=f"sqlite:///{Path('mlflow.db').resolve()}")
+        steps_of = {r.info.run_id: len(client.get_metric_history(r.info.run_id, "train/loss")) for r in runs}
         prune_pairs = [{"prune": r.data.metrics["cost/work_s"], "dense": dense_s[r.data.tags["headroom.dense_run_id"]],
-                        "unit": r.data.tags["headroom.key"]} for r in runs if r.data.tags["headroom.stage"] == "prune"]
+                        "unit": r.data.tags["headroom.key"], "dense_steps_trained": steps_of[r.info.run_id],
+                        "dense_run_steps": steps_of[r.data.tags["headroom.dense_run_id"]]}
+                       for r in runs if r.data.tags["headroom.stage"] == "prune"]
 
         # the naive grid, in the same Ray session, with the same units
         from ray import tune
@@ -114,7 +123,8 @@ def main() -> int:
         )
         # each naive trial with the sweep's train trial of the same dense unit
         naive_pairs = [{"naive": r.metrics["work_s"], "dense": dense_s[dense_key[r.config["cfg"]["unit"]["dense_key"]]],
-                        "unit": r.config["cfg"]["unit"]["key"]} for r in tuner.fit()]
+                        "unit": r.config["cfg"]["unit"]["key"], "dense_steps_trained": r.metrics["dense_steps_trained"]}
+                       for r in tuner.fit()]
     finally:
         os.chdir(cwd)
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from tolerance import assert_close_to_scale, assert_detectable
 
 from lightning_modules.config import HeadroomInputError
 from lightning_modules.heads import head_gate, keep_mask, kv_plan, layer_heads, layer_shapes, prune_heads
@@ -88,8 +89,8 @@ def test_gate_all_ones_is_exactly_ungated(model):
 @pytest.mark.parametrize("model", FAMILIES, indirect=True)
 def test_gated_sdpa_equals_gated_eager(model):
     """Training and evaluation run transformers' SDPA attention (flash kernels on a GPU); scoring switches to
-    eager where it needs attention weights. The head gate must act the same in both, in fp32 to 1e-5: a mask
-    for the batch, and a different gate per example."""
+    eager where it needs attention weights. The head gate must act the same in both, in fp32 to 1e-5 of the
+    logits' scale: a mask for the batch, and a different gate per example."""
     ids = _ids(model.config.vocab_size)
     gate = head_gate(model)
     g = torch.Generator().manual_seed(1)
@@ -103,8 +104,8 @@ def test_gated_sdpa_equals_gated_eager(model):
             out[kind] = _logits(model, ids)
         gate.clear()
         set_attention(model, "sdpa")
-        assert (out["sdpa"] - _logits(model, ids)).abs().max() > 1e-3, "the gate should change the output"
-        torch.testing.assert_close(out["sdpa"], out["eager"], atol=1e-5, rtol=0, msg=name)
+        assert_detectable(out["sdpa"], _logits(model, ids), msg=f"{name}: the gate should change the output")
+        assert_close_to_scale(out["sdpa"], out["eager"], msg=name)
 
 
 @pytest.mark.parametrize("which", ["uniform", "uneven"])
@@ -117,13 +118,13 @@ def test_pruned_equals_gated(model, which, tmp_path):
     gate.mask(keep)
     gated = _logits(model, ids)
     gate.clear()
-    assert (gated - dense).abs().max() > 1e-3, "masking these heads should change the output"
+    assert_detectable(gated, dense, msg="masking these heads should change the output")
     n_before = sum(p.numel() for p in model.parameters())
     prune_heads(model, keep)
     assert layer_heads(model) == [len(k) for k in keep]
     assert sum(p.numel() for p in model.parameters()) < n_before
     pruned = _logits(model, ids)
-    torch.testing.assert_close(pruned, gated, atol=1e-5, rtol=0)
+    assert_close_to_scale(pruned, gated)
     # save -> load round trip is identical
     save_model(model, tmp_path / "pruned")
     reloaded = load_model(tmp_path / "pruned")
@@ -190,7 +191,7 @@ def test_many_masks_in_one_batch(model):
     stacked = _logits(model, ids.expand(L * H, -1))
     for i in range(L * H):
         gate.set(masks[i])
-        torch.testing.assert_close(stacked[i], _logits(model, ids)[0], atol=1e-5, rtol=0)
+        assert_close_to_scale(stacked[i], _logits(model, ids)[0], msg=f"mask {i}")
     gate.clear()
 
 
@@ -213,7 +214,7 @@ def test_grouped_query_pruning(model, keep, kv):
     gate.clear()
     prune_heads(model, keep)
     assert [s[1] for s in layer_shapes(model)] == kv
-    torch.testing.assert_close(_logits(model, ids), gated, atol=1e-5, rtol=0)
+    assert_close_to_scale(_logits(model, ids), gated)
 
 
 @pytest.mark.parametrize("model", ["decoder"], indirect=True)
@@ -234,7 +235,7 @@ def test_uniform_llama_prune_loads_with_plain_transformers(model, tmp_path):
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), _logits(model, ids), atol=1e-6, rtol=0)
+    assert_close_to_scale(torch.load(tmp_path / "out.pt"), _logits(model, ids))
 
 
 @pytest.mark.parametrize("model", ["decoder"], indirect=True)

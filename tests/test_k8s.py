@@ -216,6 +216,22 @@ def _lock_ray() -> str:
     return rays.pop()
 
 
+def test_pyproject_pins_what_the_images_lock():
+    """README's install and CI's resolve from pyproject: the packages it pins are the lock files' versions, so the
+    suite, a newcomer's install and the images run the same torch, Lightning, transformers, Ray and MLflow."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = {re.sub(r"\[.*\]", "", d.split("==")[0]).lower(): d.split("==")[1] for d in deps if "==" in d}
+    assert set(pins) == {"torch", "pytorch-lightning", "transformers", "ray", "mlflow"}
+    for kind in ("cpu", "gpu"):
+        lock = _lock(kind)
+        assert {n: lock[n].split("+")[0] for n in pins} == pins, kind
+    # the versions README says the suite last passed with
+    for name, version in pins.items():
+        assert f"{name} {version}" in (ROOT / "README.md").read_text(), name
+
+
 def test_one_lock_per_image_from_the_matching_torch_index():
     """The CPU image's lock takes torch from PyTorch's CPU index and holds no CUDA runtime and no triton; the GPU
     image's takes PyPI's torch (built for CUDA 13.0) with every CUDA wheel pinned to that one major version; both
