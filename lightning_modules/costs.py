@@ -13,10 +13,17 @@ class Counts:
     attention: int
     mlp: int
     other: int  # embeddings, norms, LM head
+    embedding: int = 0  # the part of `other` in embedding tables (token, position, token type)
 
     @property
     def total(self) -> int:
         return self.attention + self.mlp + self.other
+
+    @property
+    def non_embedding(self) -> int:
+        """Kaplan et al. 2020's N: what the budget axis divides tokens by (embeddings are half of a small model's
+        parameters with a large vocabulary, a few percent of a large one's)."""
+        return self.total - self.embedding
 
 
 def param_counts(cfg: ModelConfig, kv_heads_per_layer: list[int] | None = None) -> Counts:
@@ -37,13 +44,15 @@ def param_counts(cfg: ModelConfig, kv_heads_per_layer: list[int] | None = None) 
     if cfg.family == "decoder":
         mlp = cfg.n_layers * 3 * d * ff
         other = v * d + cfg.n_layers * 2 * d + d
+        table = v * d  # tied with the LM head
     else:
         mlp = cfg.n_layers * (d * ff + ff + ff * d + d)
-        embeddings = v * d + cfg.max_seq_len * d + d + 2 * d
+        table = v * d + cfg.max_seq_len * d + d  # token, position and one token-type table
+        embeddings = table + 2 * d  # and their LayerNorm
         norms = cfg.n_layers * 2 * 2 * d
         head = d * d + d + 2 * d + v  # transform dense, LayerNorm, decoder bias (weight tied)
         other = embeddings + norms + head
-    return Counts(attention=attn, mlp=mlp, other=other)
+    return Counts(attention=attn, mlp=mlp, other=other, embedding=table)
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int, kv_heads_per_layer: list[int] | None = None) -> Counts:

@@ -18,7 +18,7 @@ import torch
 
 from .config import DEFAULT_CALIBRATION_BATCHES, HeadroomInputError, PrunePlan
 from .heads import layer_heads, prune_heads
-from .lm import HeadroomLM, load_lm, optimizer_params
+from .lm import HeadroomLM, eval_record, load_lm, optimizer_params
 from .models import count_parameters
 from .pruning import WorkTimer, evaluate_loss, forward_flops, recover, select_heads, split_windows
 from .scoring import LossFn, default_loss
@@ -89,7 +89,8 @@ def prune_and_continue(snapshot: str | os.PathLike, data, plan: PrunePlan, *, ev
     seq_len = calib[0]["input_ids"].shape[1]
     with timer("score_s"):
         keep, scores = select_heads(model, calib, plan, loss_fn=loss_fn)
-    dense_cost = {"params": count_parameters(model), "flops": forward_flops(model, seq_len)}
+    dense_cost = {"params": count_parameters(model), "flops": forward_flops(model, seq_len),
+                  "params_nonembedding": count_parameters(model, embeddings=False)}
     pruned, ck = pruned_checkpoint(raw, model, keep)
     clock = TrainClock()
     continued = HeadroomLM.from_model(pruned.train(), train_cfg, loss_fn=loss_fn)
@@ -118,7 +119,10 @@ def prune_and_continue(snapshot: str | os.PathLike, data, plan: PrunePlan, *, ev
         "loss": {"dense": dense, "pre_ft": pre_ft, "pruned_no_ft": {}, "final": final},
         "finetune": finetune_info,
         "params": {"dense": dense_cost["params"], "pruned": count_parameters(pruned)},
+        "params_nonembedding": {"dense": dense_cost["params_nonembedding"],
+                                "pruned": count_parameters(pruned, embeddings=False)},
         "flops_per_token": {"dense": dense_cost["flops"], "pruned": forward_flops(pruned, seq_len)},
+        **eval_record(pruned),
         "latency_ms": {}, "latency_batch": None,
         "scores": [[None if x != x else x for x in row] for row in scores.tolist()],
         "prune_curve": [], "loss_kind": "lm", "timing": timer.s,

@@ -67,19 +67,29 @@ def resolve_precision(precision: str) -> str:
     return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
 
 
+# Every evaluation of every arm runs at this precision, on the device its model is on (where it trained): a
+# comparison never mixes devices' or precisions' rounding. Each run records both (eval_device, eval_precision).
+EVAL_PRECISION = "32-true"
+
+
+def eval_record(model) -> dict:
+    """What a run records about its evaluations: {"eval_device": "cpu" | "cuda" | ..., "eval_precision"}."""
+    return {"eval_device": next(model.parameters()).device.type, "eval_precision": EVAL_PRECISION}
+
+
 @torch.no_grad()
 def evaluate(model, loader, max_batches: int | None = None, loss_fn=None, per_window: bool = False) -> dict:
     """Mean loss (nats/token over the predicted tokens), perplexity and token count of `model` on the batches of
-    `loader`. `loss_fn(model, batch) -> (summed loss [B], tokens [B])` defaults to the LM loss. With `per_window`
-    also the summed loss and token count of every window in loader order (`window_loss`, `window_tokens`): what
-    the report needs to say how much the choice of windows moves a difference."""
+    `loader`, in fp32 (EVAL_PRECISION, no autocast) on the model's device. `loss_fn(model, batch) -> (summed loss
+    [B], tokens [B])` defaults to the LM loss. With `per_window` also the summed loss and token count of every
+    window in loader order (`window_loss`, `window_tokens`): what the report needs to say how much the choice of
+    windows moves a difference."""
     loss_fn = loss_fn or token_losses
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     sums, counts = [], []
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-    with autocast:
+    with torch.autocast(device.type, enabled=False):
         for i, batch in enumerate(loader):
             if max_batches is not None and i >= max_batches:
                 break

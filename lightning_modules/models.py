@@ -276,9 +276,14 @@ def mean_loss(model, batch: dict) -> torch.Tensor:
     return s.sum() / n.sum().clamp_min(1)
 
 
-def count_parameters(model) -> int:
-    """Distinct parameters (tied weights once)."""
+def count_parameters(model, embeddings: bool = True) -> int:
+    """Distinct parameters (tied weights once). `embeddings=False`: the non-embedding count (Kaplan et al. 2020's
+    N), leaving out every nn.Embedding (token, position, token-type tables; a tied LM head with them)."""
     seen, total = set(), 0
+    if not embeddings:
+        for m in model.modules():
+            if isinstance(m, nn.Embedding):
+                seen.add(m.weight.data_ptr())
     for p in model.parameters():
         if p.data_ptr() not in seen:
             seen.add(p.data_ptr())

@@ -22,7 +22,7 @@ from .config import (
     heads_removed,
 )
 from .heads import attention_modules, head_gate, keep_mask, layer_heads, layer_shapes, prune_heads
-from .lm import HeadroomLM, evaluate
+from .lm import HeadroomLM, eval_record, evaluate
 from .models import count_parameters
 from .scoring import LossFn, default_loss, score_heads
 from .train import TrainClock, build_trainer
@@ -333,7 +333,8 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
             random_baseline = _random_baseline(model, plan, heads, loaders, pre_ft, loss_fn, random_draws)
     with timer("eval_s"):
         curve_rows = prune_curve(model, scores, curve_loaders, plan.scope, loss_fn) if curve else []
-    dense_cost = {"params": count_parameters(model), "flops": forward_flops(model, seq_len)}
+    dense_cost = {"params": count_parameters(model), "flops": forward_flops(model, seq_len),
+                  "params_nonembedding": count_parameters(model, embeddings=False)}
 
     pruned = copy.deepcopy(model)
     if dense_teacher is model:  # distillation keeps the unpruned model as its teacher
@@ -360,7 +361,10 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
         "loss": {"dense": dense, "pre_ft": pre_ft, "pruned_no_ft": after_prune, "final": final},
         "finetune": finetune_info,
         "params": {"dense": dense_cost["params"], "pruned": pruned_cost["params"]},
+        "params_nonembedding": {"dense": dense_cost["params_nonembedding"],
+                                "pruned": count_parameters(pruned, embeddings=False)},
         "flops_per_token": {"dense": dense_cost["flops"], "pruned": pruned_cost["flops"]},
+        **eval_record(pruned),
         "latency_ms": latency,
         "latency_batch": list(lat_batch["input_ids"].shape),
         "scores": [[None if math.isnan(x) else x for x in row] for row in scores.tolist()],

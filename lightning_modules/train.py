@@ -16,7 +16,7 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from .config import DataConfig, ModelConfig, TrainConfig, check_compatible, jsonable
 from .costs import flops_per_token, param_counts
 from .data import HeadroomData
-from .lm import HeadroomLM, evaluate, resolve_precision
+from .lm import HeadroomLM, eval_record, evaluate, resolve_precision
 from .models import save_model
 
 COMPILE_ENV = "HEADROOM_COMPILE"
@@ -193,11 +193,13 @@ def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfi
         timing={"train_s": clock.seconds, "eval_s": clock.val_seconds + eval_s},
         eval_windows={s: dm.eval_windows(s, train_cfg.eval_batches) for s in metrics["final"]},
         params=counts.total,
+        params_nonembedding=counts.non_embedding,
         params_attention=counts.attention,
         flops_per_token=flops_per_token(model_cfg, train_cfg.seq_len).total,
         corpus_hash=dm.corpus_hash,
         tokenizer=tok.name,
         eval_sets=dm.eval_sets,
+        **eval_record(lm.model),
         shift_note=dm.shift_note,
         model_config=model_cfg.model_dump(mode="json"),
         train_config=train_cfg.model_dump(mode="json"),

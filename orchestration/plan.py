@@ -44,6 +44,7 @@ WORK = "work_s"  # seconds of the unit's own work in this attempt (framework imp
 RESUMED = "resumed_at_step"  # the step a train trial started from (0: from scratch)
 LIGHTNING_FILE = "checkpoint"  # the Lightning checkpoint's file name inside a Tune checkpoint
 WINDOWS_FILE = "eval_windows.json"  # per-window losses of a unit's evaluations (an artifact the report reads)
+EVAL_PARAMS = ("eval_device", "eval_precision")  # every run's evaluation: where and at which precision (MLflow params)
 WORK_KINDS = ("train_s", "eval_s", "score_s")  # cost/<kind>: seconds of a unit in training, evaluation, scoring steps
 
 

@@ -26,7 +26,7 @@ from mlflow.entities import LoggedModelStatus, Metric, Param, RunStatus, RunTag
 from ray.tune import Callback
 
 from .ddp import CHECKPOINT_KEY, checkpoint_uri
-from .plan import DONE, HISTORY, KEPT, RESUMED, WINDOWS_FILE, WORK, Unit
+from .plan import DONE, EVAL_PARAMS, HISTORY, KEPT, RESUMED, WINDOWS_FILE, WORK, Unit
 from .runstore import mlflow_client, search_runs
 
 PACKAGES = ("headroom", "torch", "transformers", "pytorch-lightning", "ray", "mlflow", "optuna", "datasets")
@@ -233,6 +233,17 @@ class Tracker:
         for i in range(0, len(ms), 1000):
             self.client.log_batch(run_id, metrics=ms[i:i + 1000])
 
+    def log_params(self, run_id: str, params: dict[str, str]) -> None:
+        """Params learnt when a unit finishes (where it evaluated). MLflow's params never change: a value already
+        there stays, and a retry that evaluated elsewhere is recorded as a tag `headroom.<param>.retry`."""
+        have = self.client.get_run(run_id).data.params
+        fresh = [Param(k, v) for k, v in params.items() if k not in have]
+        if fresh:
+            self.client.log_batch(run_id, params=fresh)
+        changed = {f"headroom.{k}.retry": v for k, v in params.items() if k in have and have[k] != v}
+        if changed:
+            self.set_tags(run_id, changed)
+
     def finish(self, key: str, run_id: str, status: str = FINISHED) -> None:
         self.client.set_terminated(run_id, status)
         self.children[key] = self.client.get_run(run_id)
@@ -293,7 +304,8 @@ class TrackingCallback(Callback):
         if result.get(DONE):
             values = {k: v for k, v in result.items() if "/" in k and k not in STEPPED and isinstance(v, (int, float))}
             values.update({k: result[k] for k in ("params", "flops_per_token", "params_dense",
-                                                  "flops_per_token_dense", "tokens_per_s", "prune_step", RESUMED)
+                                                  "flops_per_token_dense", "tokens_per_s", "prune_step", RESUMED,
+                                                  "params_nonembedding", "params_dense_nonembedding")
                            if k in result})
             seconds = float(result.get("time_total_s", 0.0))
             r = self.resources_of(unit)
@@ -303,6 +315,7 @@ class TrackingCallback(Callback):
             if WORK in result:
                 values["cost/work_s"] = float(result[WORK])
             self.tracker.log_values(run_id, values, step=step)
+            self.tracker.log_params(run_id, {k: str(result[k]) for k in EVAL_PARAMS if k in result})
             if result.get(KEPT):
                 self.tracker.set_tags(run_id, {"headroom.kept": ",".join(map(str, json.loads(result[KEPT])))})
 

@@ -27,6 +27,7 @@ from lightning_modules.config import HeadroomInputError, jsonable
 from .frameworks import quiet_frameworks
 from .plan import (
     DONE,
+    EVAL_PARAMS,
     HISTORY,
     KEPT,
     LIGHTNING_FILE,
@@ -58,7 +59,7 @@ def _final_metrics(metrics: dict) -> dict:
         out[f"final/{split}/tokens"] = v["tokens"]
     for split, v in metrics.get("eval_windows", {}).items():
         out[f"eval/{split}/windows_excluded"] = v["excluded"]
-    for k in ("params", "flops_per_token", "steps", "tokens_per_s"):
+    for k in ("params", "params_nonembedding", "flops_per_token", "steps", "tokens_per_s", *EVAL_PARAMS):
         if k in metrics:
             out[k] = metrics[k]
     return out
@@ -243,6 +244,8 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
                          f"{unit.scale} {unit.family} seed {unit.seed}: mask-only prune curve ({plan.method})")
     flat = {"step": plan.finetune_steps, HISTORY: "[]", DONE: 1, KEPT: json.dumps(m["heads_kept"]), WORK: m["seconds"],
             "params": m["params"]["pruned"], "params_dense": m["params"]["dense"],
+            "params_dense_nonembedding": m["params_nonembedding"]["dense"],
+            **{k: m[k] for k in EVAL_PARAMS},
             "flops_per_token": m["flops_per_token"]["pruned"]["total"],
             "flops_per_token_dense": m["flops_per_token"]["dense"]["total"]}
     for stage, key in (("final", "final"), ("pre_ft", "pre_ft"), ("dense", "dense"), ("pruned_no_ft", "no_ft")):

@@ -127,4 +127,5 @@ def test_param_counts_match_built_models(family, scale, heads, head_dim, per_lay
     cfg = model_config_for(scale, family, n_heads=heads, head_dim=head_dim, heads_per_layer=per_layer)
     model = build_model(cfg, seed=0)
     assert count_parameters(model) == param_counts(cfg).total
+    assert count_parameters(model, embeddings=False) == param_counts(cfg).non_embedding < param_counts(cfg).total
     assert layer_heads(model) == cfg.layer_heads
