@@ -338,14 +338,19 @@ def prunable_fraction(ratios, losses, dense_loss: float, tolerance: float) -> fl
     return best
 
 
-def wide_head_dim(d_model: int, n_heads_kept: int) -> int:
-    """The `wide` control: the kept heads made as wide as the model allows, the usual "fewer, wider heads"
-    configuration. head_dim is the largest even number ≤ d_model / heads_kept: rotary position embeddings rotate
-    pairs of dimensions, so an odd head size cannot be built. Its attention width heads_kept·head_dim is d_model
-    when the division comes out even, else a little less (never more): at d_model 128 and 6 heads, 6 × 20 = 120."""
-    hd = 2 * (d_model // (2 * n_heads_kept))
+def wide_head_dim(d_model: int, n_heads_kept: int, width: int | None = None) -> int:
+    """The `wide` control: the kept heads made as wide as the dense model's attention, the usual "fewer, wider
+    heads" configuration. `width` is the dense model's attention width (its heads × head_dim; default d_model, a
+    preset's own). head_dim is the largest even number ≤ min(width, d_model) / heads_kept: rotary position
+    embeddings rotate pairs of dimensions, so an odd head size cannot be built. So the wide model's attention is
+    never wider than the dense model's: heads_kept·head_dim equals the dense width when the division comes out
+    even, else a little less (at width 128 and 6 heads, 6 × 20 = 120). A sweep that sets fewer heads than the preset
+    (s at 4 heads of 16: width 64) gets wide heads of at most that width (2 heads of 32 at ratio 0.5), not d_model."""
+    cap = d_model if width is None else min(width, d_model)
+    hd = 2 * (cap // (2 * n_heads_kept))
     if hd < 2:
-        raise HeadroomInputError(f"wide: {n_heads_kept} heads leave less than 2 dimensions each of d_model {d_model}")
+        raise HeadroomInputError(f"wide: {n_heads_kept} heads leave less than 2 dimensions each of the dense "
+                                 f"attention width {cap}")
     return hd
 
 

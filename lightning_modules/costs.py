@@ -83,8 +83,9 @@ def scratch_b_steps(
     dense: ModelConfig, pruned: ModelConfig, dense_steps: int, finetune_steps: int, seq_len: int
 ) -> int:
     """Steps that give the pruned architecture, trained from scratch, the training FLOPs of the pruned arm:
-    dense T steps at dense size + F recovery steps at pruned size (Liu et al. 2019 "Scratch-B"; head scoring is
-    not counted). Tokens per step are equal, so the budget converts to steps via FLOPs per token."""
+    dense T steps at dense size + the recovery steps at pruned size (Liu et al. 2019 "Scratch-B"; every candidate
+    fine-tune counts: F per rate tried when the rate is chosen on val; head scoring is not counted). Tokens per
+    step are equal, so the budget converts to steps via FLOPs per token."""
     budget = dense_steps * train_flops_per_token(dense, seq_len) + finetune_steps * train_flops_per_token(
         pruned, seq_len
     )

@@ -1,9 +1,10 @@
 """A validated Sweep → its units of work, each with a deterministic key and the MLflow tags of DESIGN.md.
 
 Torch-free. A unit is what one Ray Tune trial does and one MLflow child run records: train one model (`dense`,
-`scratch_e`, `scratch_b`, `wide`, or an `lr_search` candidate), or prune one dense checkpoint (`pruned`). Its key
-hashes everything that decides its result — stage, arm, model, training and data configs, the corpus hash, the
-prune plan and the key of the dense model it prunes — so a retried, resumed or re-run unit finds its own run.
+`scratch_e`, `scratch_b`, `wide`, `dense_half`, or an `lr_search` candidate), or prune one dense checkpoint
+(`pruned`). Its key hashes everything that decides its result — stage, arm, model, training and data configs, the
+corpus hash, the prune plan and the key of the dense model it prunes — so a retried, resumed or re-run unit finds
+its own run.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from lightning_modules.costs import scratch_b_steps
 from .spec import ProbeSpec, Sweep
 
 NONE = "none"
+HALF_ARM = "dense_half"  # the dense model of one seed trained to half the smallest budget (the converged check)
 
 # what a trial's reports carry besides metrics (trainables → tracking)
 HISTORY = "headroom_history"  # JSON list of [metric, step, value] since the previous report
@@ -106,7 +108,7 @@ class Unit:
     crosses the Ray boundary, what its key hashes, what a prune trial's metrics.json records."""
 
     stage: str  # lr_search | train | prune
-    arm: str  # dense | pruned | scratch_e | scratch_b | wide
+    arm: str  # dense | dense_half | pruned | scratch_e | scratch_b | wide
     scale: str
     family: str
     seed: int
@@ -192,6 +194,8 @@ class Unit:
                     f"{self.schedule.replace('_', '-')}){tail}.")
         return {
             "dense": f"Dense: {what}, {heads}, trained from scratch for {steps}.",
+            HALF_ARM: f"Half-budget dense run: {what}, {heads}, trained from scratch for {steps}, half the dense "
+                      f"run's budget on its own schedule (the report's converged check).",
             "scratch_e": f"Scratch-E control: the pruned architecture ({heads}) trained from scratch for the dense "
                          f"run's steps, {steps} ({what}).",
             "scratch_b": f"Scratch-B control: the pruned architecture ({heads}) trained from scratch until its "
@@ -281,16 +285,18 @@ def scratch_architectures(sweep: Sweep, scale: str, family: str, vocab_size: int
             small = model_config_for(scale, family, n_heads=k, vocab_size=vocab_size)
             out.setdefault(arch_key(small), ("scratch_e", small))
         if "wide" in sweep.controls:
-            wide = _wide_model(scale, family, k, vocab_size, f"{scale}-{family}-wide-r{ratio:g} (lr search)")
+            wide = _wide_model(scale, family, h, k, vocab_size, f"{scale}-{family}-wide-r{ratio:g} (lr search)")
             out.setdefault(arch_key(wide), ("wide", wide))
     return out
 
 
-def _wide_model(scale: str, family: str, k: int, vocab_size: int, what: str) -> ModelConfig:
-    """The `wide` architecture of k heads; a shape it cannot have raises naming the unit (`what`)."""
+def _wide_model(scale: str, family: str, dense_heads: int, k: int, vocab_size: int, what: str) -> ModelConfig:
+    """The `wide` architecture of k heads, no wider than the dense model's attention (`dense_heads` × the preset's
+    head_dim; see wide_head_dim); a shape it cannot have raises naming the unit (`what`)."""
+    sc = SCALES[scale]
     try:
         return model_config_for(scale, family, n_heads=k, vocab_size=vocab_size,
-                                head_dim=wide_head_dim(SCALES[scale].d_model, k))
+                                head_dim=wide_head_dim(sc.d_model, k, width=dense_heads * sc.head_dim))
     except HeadroomInputError as e:
         raise HeadroomInputError(f"unit {what}: {e}") from None
 
@@ -342,6 +348,16 @@ def _trained(sweep, arm, scale, family, seed, model: ModelConfig, train: TrainCo
                 lr_source=lr_source, budget=budget, snapshots=snapshots).with_key()
 
 
+def recovery_steps(sweep: Sweep) -> int:
+    """Steps the pruned arm trains at its pruned size in recovery: F for each candidate rate it fine-tunes (the
+    grid's size when the rate is chosen on val, else one). Scratch-B's budget counts every one of them: the pruned
+    arm trained them all to pick its best."""
+    p = sweep.prune
+    if not p.finetune_steps:
+        return 0
+    return p.finetune_steps * (1 if p.finetune_lr is not None else len(p.finetune_lr_grid))
+
+
 def _cells(sweep: Sweep):
     """(scale, budget T, family, seed) of every dense run, in plan order."""
     for scale, sc in (sweep.scales or {}).items():
@@ -363,9 +379,16 @@ def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None,
         model = model_config_for(scale, family, n_heads=h, vocab_size=vocab_size)
         lr, source = lr_for(sweep, scale, family, arch_key(model), lrs)
         train = _train_cfg(sweep, scale, seed, lr, budget)
-        tag = budget if len(sweep.scales[scale].budgets(scale)) > 1 else None
+        budgets = sweep.scales[scale].budgets(scale)
+        tag = budget if len(budgets) > 1 else None
         dense.append(_trained(sweep, "dense", scale, family, seed, model, train, corpus_hash, lr_source=source,
                               budget=tag))
+        if budget == min(budgets) and seed == sweep.seeds[0] and budget >= 2:
+            # the converged check: the same model on its own full schedule to half the budget (a scale's larger
+            # budgets are checked against its next smaller one)
+            half = train.model_copy(update={"steps": budget // 2})
+            controls.append(_trained(sweep, HALF_ARM, scale, family, seed, model, half, corpus_hash,
+                                     lr_source=source, budget=tag))
         if "per_layer" not in sweep.prune.scope:
             continue
         for ratio in sweep.prune.ratios:
@@ -374,12 +397,12 @@ def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None,
             for arm in sweep.controls:
                 m = small
                 if arm == "wide":
-                    m = _wide_model(scale, family, k, vocab_size, f"{scale}-{family}-wide-r{ratio:g}-s{seed}")
+                    m = _wide_model(scale, family, h, k, vocab_size, f"{scale}-{family}-wide-r{ratio:g}-s{seed}")
                 lr_c, source_c = lr_for(sweep, scale, family, arch_key(m), lrs)
                 t = _train_cfg(sweep, scale, seed, lr_c, budget)
                 if arm == "scratch_b":
                     t = t.model_copy(update={"steps": scratch_b_steps(
-                        model, m, train.steps, sweep.prune.finetune_steps, train.seq_len)})
+                        model, m, train.steps, recovery_steps(sweep), train.seq_len)})
                 controls.append(_trained(sweep, arm, scale, family, seed, m, t, corpus_hash, ratio,
                                          scope="per_layer", lr_source=source_c, budget=tag))
     return dense + controls
@@ -431,7 +454,7 @@ def global_control_units(sweep: Sweep, pruned: Unit, dense: Unit, kept_per_layer
         t = train
         if arm == "scratch_b":
             t = train.model_copy(update={"steps": scratch_b_steps(d_model, small, train.steps,
-                                                                  sweep.prune.finetune_steps, train.seq_len)})
+                                                                  recovery_steps(sweep), train.seq_len)})
         out.append(_trained(sweep, arm, pruned.scale, pruned.family, pruned.seed, small, t, pruned.corpus_hash,
                             pruned.ratio, method=pruned.method, scope="global", schedule=pruned.schedule,
                             dense_key=dense.key, lr_source=source, budget=dense.budget))

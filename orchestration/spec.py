@@ -33,7 +33,7 @@ A sweep file, with the defaults of the fields it may leave out:
     lr: 3.0e-3                      # or {search: {trials: 4, low: 1.0e-3, high: 1.0e-2, steps: 40}}: one search
                                     # per architecture trained from scratch; absent: the scale preset's
     probes: {every: 50, method: gradient, batches: 2, redundancy: true}   # absent: no probes
-    trust: {final_drop: 0.05}       # thresholds of the report's trust diagnostics
+    trust: {margin: 0.05, doubling_gain: 0.05}   # the report's trust diagnostics: margin, convergence threshold
     resources: {cpu: 1, gpu: 0, workers: 1}   # per trial: cpu and gpu per worker (gpu may be fractional:
                                     # trials share a GPU); workers > 1: data-parallel through Ray Train. A scale's
                                     # own `resources` (scales: {l: {resources: {gpu: 1, workers: 4}}}) replaces
@@ -243,9 +243,11 @@ class ProbeSpec(Strict):
 class TrustSpec(Strict):
     """Thresholds of the report's trust diagnostics, declared before running like the tolerance."""
 
-    # "still falling fast": the dense runs' training loss, fitted by a line over the last 20% of steps, drops by
-    # more than this fraction across that stretch
-    final_drop: float = Field(default=0.05, gt=0, lt=1)
+    # non-inferiority margin of dense vs Scratch-E and larger vs smaller scale: the upper 95% bound of the loss
+    # difference must be at most this fraction of the reference model's loss (default: the default prune tolerance)
+    margin: float = Field(default=0.05, gt=0, lt=1)
+    # converged: the dense loss may improve by at most this fraction per doubling of the training budget
+    doubling_gain: float = Field(default=0.05, gt=0, lt=1)
 
 
 class PretrainedSpec(Strict):

@@ -73,7 +73,7 @@ def loss_table(sweep_name: str, runs: list) -> str:
                 arm += f"@{t['headroom.prune_at']}"  # pruned at that fraction of training
         elif t["headroom.scope"] == "global":
             arm = f"{arm}:{t['headroom.method']}/global"
-        for r in [t["headroom.ratio"]] if arm != "dense" else pruned_ratios:  # dense: a column of every ratio
+        for r in [t["headroom.ratio"]] if arm not in ("dense", "dense_half") else pruned_ratios:  # every ratio
             steps = t.get("headroom.steps", "none")
             cell = cell_label(t["headroom.scale"], None if steps == "none" else int(steps))
             rows.setdefault((cell, t["headroom.family"], r, split), {}).setdefault(arm, []).append(loss)

@@ -225,8 +225,11 @@ def test_spec_hash_ignores_where_it_runs():
     c = parse_sweep(GOOD.replace("seeds: [0, 1]", "seeds: [0, 2]"))
     d = parse_sweep(GOOD.replace("seq_len: 32}}", "seq_len: 32}, resources: {gpu: 0.25}}"))
     assert a.spec_hash() == b.spec_hash() == d.spec_hash() != c.spec_hash()
-    # the hash of a sweep file from before resources existed: a sweep resumed after an upgrade finds its runs
-    assert a.spec_hash() == "927dd66c7e03"
+    # pinned: a sweep resumed after an upgrade finds its parent only while the hash stays. It changed on purpose
+    # when the trust section became non-inferiority margins and the doubling check (and Scratch-B began counting
+    # every candidate fine-tune): an older sweep's runs, planned by other rules, start a new parent rather than
+    # mix with new ones in one report.
+    assert a.spec_hash() == "aa11906a3f13"
 
 
 def test_plan_keys_tags_and_budgets():
@@ -238,7 +241,8 @@ def test_plan_keys_tags_and_budgets():
     sweep = parse_sweep(GOOD.replace("[scratch_e]", "[scratch_e, scratch_b, wide]") +
                         "lr: 0.004\n".replace("lr", "lr"))
     units = train_units(sweep, "corpus-a")
-    assert [u.arm for u in units] == ["dense", "dense"] + ["scratch_e", "scratch_b", "wide"] * 2
+    # the half-budget dense run of the first seed (the converged check) follows the dense runs
+    assert [u.arm for u in units] == ["dense", "dense", "dense_half"] + ["scratch_e", "scratch_b", "wide"] * 2
     assert units == train_units(sweep, "corpus-a")  # deterministic
     assert len({u.key for u in units}) == len(units)
     # the corpus is part of every key
@@ -247,7 +251,8 @@ def test_plan_keys_tags_and_budgets():
         tags = u.tags()
         assert set(tags) == {f"headroom.{f}" for f in TAG_FIELDS} and all(tags.values())
         assert u.train.lr == 0.004
-    dense, se, sb, wide = units[0], units[2], units[3], units[4]
+    dense, half, se, sb, wide = units[0], units[2], units[3], units[4], units[5]
+    assert (half.seed, half.train.steps, half.train.lr, half.model) == (0, 10, dense.train.lr, dense.model)
     assert dense.tags()["headroom.method"] == "none" and dense.tags()["headroom.ratio"] == "none"
     assert (se.heads, se.model.head_dim, se.train.steps) == ("4", 8, 20)  # xs: 8 heads of 8 → 4 heads
     assert (wide.heads, wide.model.head_dim) == ("4", 16)  # d_model 64 // 4
@@ -417,9 +422,10 @@ def test_every_shipped_sweep_plans_cleanly_and_wide_is_built_at_every_ratio(tmp_
             assert wide[0]["params"] == param_counts(cfg).total
             stages = {x["stage"] for x in rows}
             assert stages == {"lr_search", "train", "prune", "controls"}
-            # every unit the sweep would run is listed: 4 scales × 3 seeds × (1 + 3 ratios × 3 controls) trained,
-            # 12 dense × 7 methods × 3 ratios × 2 scopes pruned, 2 controls per global prune
-            assert sum(x["stage"] == "train" for x in rows) == 4 * 3 * 10
+            # every unit the sweep would run is listed: 4 scales × 3 seeds × (1 + 3 ratios × 3 controls) trained
+            # and a half-budget dense run per scale, 12 dense × 7 methods × 3 ratios × 2 scopes pruned, 2 controls
+            # per global prune
+            assert sum(x["stage"] == "train" for x in rows) == 4 * 3 * 10 + 4
             assert sum(x["stage"] == "prune" for x in rows) == 12 * 7 * 3 * 2
             assert sum(x["stage"] == "controls" for x in rows) == 12 * 7 * 3 * 2
             g = next(x for x in rows if x["stage"] == "prune" and x["scope"] == "global" and x["scale"] == "s"
@@ -435,7 +441,7 @@ def test_every_shipped_sweep_plans_cleanly_and_wide_is_built_at_every_ratio(tmp_
 
             text = format_table([PlanRow(**x) for x in rows], "8192")
             # train stage at once: 30 trials each of s (0.25 GPU), m (0.5), l (1) and xl (4 workers × 1 GPU)
-            assert "train 120 trial(s): 720 CPU, 172.5 GPU" in text and "4×(4 CPU 1 GPU)" in text
+            assert "train 124 trial(s): 744 CPU, 178.25 GPU" in text and "4×(4 CPU 1 GPU)" in text
         if name == "smoke":  # two budgets, and (planned with prune.at added) pruning at half of training
             assert {x["budget"] for x in rows if x["stage"] == "train"} == {20, 40}
             timed = tmp_path / "timed.yaml"
@@ -446,8 +452,8 @@ def test_every_shipped_sweep_plans_cleanly_and_wide_is_built_at_every_ratio(tmp_
                 assert main(["sweep", str(timed), "--plan", "--json"]) == 0
             prunes = [x for x in json.loads(out.getvalue()) if x["stage"] == "prune"]
             assert {(x["budget"], x["prune_at"]) for x in prunes} == {(T, p) for T in (20, 40) for p in (0.5, 1.0)}
-            # pruned halfway: trains the second half, then the 10 fine-tune steps
-            assert {(x["budget"], x["steps"]) for x in prunes if x["prune_at"] == 0.5} == {(20, 20), (40, 30)}
+            # pruned halfway: trains the second half, then 10 fine-tune steps at each of the 3 candidate rates
+            assert {(x["budget"], x["steps"]) for x in prunes if x["prune_at"] == 0.5} == {(20, 40), (40, 50)}
 
 
 def test_budgets_and_prune_timings_plan_their_own_units_with_their_own_keys():
@@ -513,3 +519,47 @@ def test_unit_keys_are_those_earlier_versions_wrote():
     pruned = prune_units(sweep, [u for u in trained if u.arm == "dense"])
     assert (trained[0].name, trained[0].key) == ("xs-decoder-dense-s0", "087182feec5e66eb")
     assert (pruned[0].name, pruned[0].key) == ("xs-decoder-pruned-gradient-r0.5-s0", "02c7b9a2e09aac8a")
+
+
+def test_wide_is_never_wider_than_the_dense_attention(tmp_path):
+    """s at 4 heads of 16 (attention width 64, as the quickstart's and budget sweep's s): the wide control keeps
+    the kept heads as wide as the dense model's attention, not d_model (128) — at ratio 0.5 two heads of 32, at
+    0.25 three heads of 20 (the largest even size ≤ 64/3) — and never has more attention parameters than dense."""
+    import contextlib
+    import io
+
+    from orchestration.cli import main
+
+    text = GOOD.replace("xs: {steps: 20,", "s: {steps: 20, heads: 4,").replace(
+        "ratios: [0.5]", "ratios: [0.25, 0.5]").replace("[scratch_e]", "[scratch_e, wide]")
+    (tmp_path / "s.yaml").write_text(text)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["sweep", str(tmp_path / "s.yaml"), "--plan", "--json"]) == 0
+    rows = [x for x in json.loads(out.getvalue()) if x["stage"] == "train"]
+    dense = [x for x in rows if x["arm"] == "dense"][0]
+    assert dense["attention_width"] == 64
+    wide = {x["ratio"]: x for x in rows if x["arm"] == "wide"}
+    assert (wide[0.5]["heads"], wide[0.5]["head_dim"], wide[0.5]["attention_width"]) == ([2] * 4, 32, 64)
+    assert (wide[0.25]["heads"], wide[0.25]["head_dim"], wide[0.25]["attention_width"]) == ([3] * 4, 20, 60)
+    assert all(x["attention_width"] <= dense["attention_width"] for x in wide.values())
+
+
+def test_scratch_b_counts_every_candidate_fine_tune():
+    """The recovery rate chosen on val trains F steps at each of the grid's rates; the pruned arm spent all of
+    them, so Scratch-B's budget holds T × dense + |grid| × F × pruned FLOPs (one F when the rate is fixed)."""
+    from lightning_modules.config import model_config_for
+    from lightning_modules.costs import train_flops_per_token
+    from orchestration.plan import recovery_steps, train_units
+    from orchestration.spec import parse_sweep
+
+    for extra, candidates in (("", 3), (", finetune_lr: 1.0e-3", 1)):
+        sweep = parse_sweep(GOOD.replace("methods: [gradient, random]",
+                                         f"methods: [gradient], finetune_steps: 25{extra}").replace(
+            "[scratch_e]", "[scratch_b]"))
+        assert len(sweep.prune.finetune_lr_grid) == 3 and recovery_steps(sweep) == 25 * candidates
+        b = next(u for u in train_units(sweep, "-") if u.arm == "scratch_b")
+        c_dense = train_flops_per_token(model_config_for("xs"), 32)
+        c_small = train_flops_per_token(b.model, 32)
+        budget = 20 * c_dense + 25 * candidates * c_small
+        assert abs(b.train.steps * c_small - budget) <= c_small / 2, (extra, b.train.steps, budget / c_small)

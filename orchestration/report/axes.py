@@ -9,7 +9,7 @@ from . import plots
 from .render import Doc, fmt_ci, fmt_ratio
 from .verdict import CONTROL_NAMES, Report
 
-TIMING_WORDS = {"matches": "pruning early ends as good as pruning the trained model",
+TIMING_WORDS = {"matches": "pruning early ends as good as pruning the trained model (within the margin)",
                 "worse": "pruning early ends worse", "better": "pruning early ends better",
                 "inconclusive": "inconclusive", "insufficient_seeds": "one seed: not tested", "reference": "—"}
 
@@ -26,10 +26,11 @@ def timing_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
     doc.p(f"Heads removed from the dense run's checkpoint at a fraction p of its T steps (p = 0: at initialisation, "
           f"by the scores of the initial model), the pruned model trained on to T on the dense run's own schedule, "
           f"data order and optimizer moments, then the same recovery fine-tune as at p = 1. Final loss on "
-          f"`{rep.timing[0].eval_set}`; the difference to p = 1 is paired by seed. \"Matches\" means the 95% "
-          f"interval of that difference lies within ± {rep.tolerance:.0%} of the p = 1 loss. If pruning at a "
-          f"small p ends as good as pruning late, the extra heads mattered only early in training — the "
-          f"optimisation-help mechanism, measured.")
+          f"`{rep.timing[0].eval_set}`; the difference to p = 1 is paired by seed. \"Worse\" or \"better\" when its "
+          f"95% interval excludes 0 (decided first); \"matches\" when the interval lies within ± the equivalence "
+          f"margin, half the cell's |Scratch-E gap| (column `margin`: the effect under study; no Scratch-E, no "
+          f"margin and no \"matches\"); otherwise inconclusive. If pruning at a small p ends as good as pruning "
+          f"late, the extra heads mattered only early in training — the optimisation-help mechanism, measured.")
     for scale, family in sorted({(t.scale, t.family) for t in rep.timing}):
         rows = [t for t in rep.timing if (t.scale, t.family) == (scale, family)]
         for method in sorted({t.method for t in rows}):
@@ -38,43 +39,80 @@ def timing_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
             plots.timing_plot(mine, path, f"{scale} {family}: {method} pruning at p of training")
             doc.img(path, f"{scale} {family}, {method}: final loss against when the heads were removed")
     doc.table(["scale", "family", "ratio", "method", "p", "n", "final loss", "95% CI", "p − (p=1)", "95% CI",
-               "pruning early vs late"],
+               "margin", "pruning early vs late"],
               [[t.scale, t.family, fmt_ratio(t.ratio), t.method, f"{t.prune_at:g}", str(t.n_seeds),
                 f"{t.loss_mean:.4f}", fmt_ci(t.loss_ci95), _num(t.vs_late_mean, "{:+.4f}"), fmt_ci(t.vs_late_ci95),
-                TIMING_WORDS[t.vs_late]] for t in rep.timing])
+                _num(t.margin, "{:.4f}"), TIMING_WORDS[t.vs_late]] for t in rep.timing])
+
+
+def _crossovers(t) -> str:
+    out = []
+    for g in t.groups or []:
+        label = g["group"] if t.fit == "within_scales" else f"T{g['group']}" if g["group"] != "None" else "—"
+        if g["crossover"] is None:
+            lo, hi = g["x_range"]
+            out.append(f"{label}: none within {_num(lo, '{:.3g}')}–{_num(hi, '{:.3g}')}")
+            continue
+        ci = g["crossover_ci95"]
+        where = f"{g['crossover']:.3g}" + (f" [{_num(ci[0], '{:.3g}')}, {_num(ci[1], '{:.3g}')}]" if ci else
+                                           " (no interval)")
+        out.append(f"{label}: {where}" + ("" if g["established"] else ", not established"))
+    return "; ".join(out)
+
+
+def _trend_rows(trends) -> list[list]:
+    return [[t.family, fmt_ratio(t.ratio), CONTROL_NAMES[t.control], t.fit.replace("_", " "), str(t.n_cells),
+             ", ".join(t.excluded or []) or "—", "—" if t.slope is None else f"{t.slope:+.4f}",
+             fmt_ci(t.slope_ci95) if t.slope_ci95 else "no interval", str(t.df), _crossovers(t),
+             ", ".join(t.unverified_cells or []) or "—"] for t in trends]
+
+
+TREND_HEAD = ["family", "ratio", "control", "fit", "cells used", "left out (check failed)", "gap change / decade",
+              "95% CI", "df", "crossover per group (95% CI)", "cells unverified"]
+FIT_TEXT = ("Each cell (a scale at one budget; `s-T1500` is scale s trained 1500 steps) contributes its mean primary "
+            "gap over seeds (control − pruned, after the recovery fine-tune): the cell, not the seed, is the unit "
+            "of inference, since a cell deviates from any line by more than seed noise and a seed shares its "
+            "initialisation and data order across a scale's budgets. Least squares on the cell means with one "
+            "intercept per group and a common slope per decade; the slope's 95% t-interval has n_cells − "
+            "n_groups − 1 degrees of freedom, and none is given without a residual degree of freedom. A crossover "
+            "is where a group's line is 0 inside its swept range, with Fieller's 95% interval; it is "
+            "*established* only when the slope's interval excludes 0. Cells whose trust checks failed (section 2) "
+            "are left out and listed; cells whose checks could not run are used and listed.")
+
+
+def across_scales_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
+    doc.h(2, "6. Across scales")
+    rows = [t for t in rep.trends if t.axis == "params"]
+    scales = sorted({p.cell.partition("-T")[0] for t in rep.trends for p in t.points})
+    if not rows:
+        doc.p(f"Not tested: a slope across model sizes needs at least three scales at one budget (this sweep fits "
+              f"{len(scales)}: {', '.join(scales) or 'none'}); with two, any difference between two architectures "
+              f"would be read as an effect of size. The per-cell gaps are in sections 3 and 6b.")
+        return
+    doc.p("The primary gap against log10 non-embedding parameters, one intercept per training budget. " + FIT_TEXT)
+    path = plots_dir / "trend_params.png"
+    plots.trend_plot(rep.trends, "params", path)
+    doc.img(path, "Primary gap against model size with the fitted lines")
+    doc.table(TREND_HEAD, _trend_rows(rows))
 
 
 def budget_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
     doc.h(2, "6b. Training budget and the crossover")
     tpp = [t for t in rep.trends if t.axis == "tokens_per_param"]
-    if not rep.trends:
-        doc.p("Not tested: the sweep has one budget at one scale (a trend needs two or more cells).")
+    if not tpp:
+        doc.p("Not tested: no scale is swept at two or more budgets (a trend within a scale needs two or more "
+              "cells of it).")
         return
-    doc.p("The primary gap (control − pruned, after the recovery fine-tune) of every cell (a scale at one budget; "
-          "`s-T1500` is scale s trained 1500 steps) and seed, fitted by least squares against log10 of the training "
-          "tokens per dense parameter and of the dense parameters. The slope is the change of the gap per decade "
-          "(95% t-interval). The crossover is where the fitted gap is 0, reported only inside the swept range, "
-          "with the 2.5–97.5 percentiles over bootstrap resamples of the seeds within each cell; it is "
-          "*established* only when the slope's interval excludes 0 (a flat trend crosses zero somewhere by chance).")
-    for axis in ("tokens_per_param", "params"):
-        if any(t.axis == axis for t in rep.trends):
-            path = plots_dir / f"trend_{axis}.png"
-            plots.trend_plot(rep.trends, axis, path)
-            doc.img(path, f"Primary gap against {axis.replace('_', ' ')} with the fitted trend")
-    if tpp:
-        path = plots_dir / "budget_map.png"
-        plots.budget_map(rep.trends, path)
-        doc.img(path, "Parameters × training tokens: colour = primary gap, filled where its interval excludes 0")
-    rows = []
-    for t in rep.trends:
-        if t.crossover is not None:
-            ci = (f" [{_num(t.crossover_ci95[0], '{:.3g}')}, {_num(t.crossover_ci95[1], '{:.3g}')}]"
-                  if t.crossover_ci95 else " (no interval: under 3 seeds a cell)")
-            where = f"{t.crossover:.3g}{ci}" + ("" if t.established else
-                                                "; not established: the slope's interval includes 0")
-        else:
-            where = f"none within {t.x_range[0]:.3g}–{t.x_range[1]:.3g}"
-        rows.append([t.family, fmt_ratio(t.ratio), CONTROL_NAMES[t.control], t.axis.replace("_", " "),
-                     str(len(t.points)), f"{t.slope:+.4f}", fmt_ci(t.slope_ci95), where])
-    doc.table(["family", "ratio", "control", "axis", "cells", "gap change / decade", "95% CI", "crossover (95% CI)"],
-              rows)
+    doc.p("The primary gap against log10 training tokens per non-embedding parameter of the dense model (Kaplan "
+          "et al. 2020's N: embeddings are half of a small model's parameters with a large vocabulary), one "
+          "intercept per scale: the slope is how the gap moves with the budget inside a scale. " + FIT_TEXT)
+    path = plots_dir / "trend_tokens_per_param.png"
+    plots.trend_plot(rep.trends, "tokens_per_param", path)
+    doc.img(path, "Primary gap against training tokens per parameter with the fitted lines (hollow: left out)")
+    path = plots_dir / "budget_map.png"
+    plots.budget_map(rep.trends, path)
+    doc.img(path, "Parameters × training tokens: colour = primary gap, filled where its interval excludes 0")
+    doc.table(TREND_HEAD, _trend_rows(tpp))
+    for t in tpp:
+        if t.note:
+            doc.p(f"{t.family} r{t.ratio:g} vs {CONTROL_NAMES[t.control]}: {t.note}.")

@@ -1,37 +1,52 @@
 """Trust diagnostics: is a scale's verdict about attention heads, or about models not trained enough to ask?
 
-Each check looks at the sweep's own runs, per (scale, family), and passes, fails, or is not tested (None: the sweep
-lacks what it needs). A failed check turns that scale's headline into "untrustworthy: <reason>": no verdict is
-printed on models that cannot carry one.
+Each check looks at the sweep's own runs, per (cell, family), and ends in one of four states:
 
-- `dense_vs_scratch_e`: the dense model must not be worse than a smaller model (Scratch-E: fewer heads, same head
-  size) trained from scratch for the same steps. Fails when dense − Scratch-E on `id`, paired by seed, has its 95%
-  t-interval above 0 at some ratio: more heads hurt, the budget or the learning rate is wrong for the dense model.
-- `larger_scale_not_worse`: a larger scale's dense model must not be worse than a smaller scale's of the same
-  family on the same data. Fails when larger − smaller (Welch's 95% interval, unpaired) lies above 0.
-- `informative_beats_random`: before fine-tune, heads chosen by the primary method must beat heads chosen at
-  random, on `id`, at every swept ratio, per seed (the same dense model). Random is a distribution: each random
-  prune evaluates several draws, and under the null hypothesis (informed is no better than random) the informed
-  choice is one more draw, its rank among them uniform. An exact one-sided rank test over all (seed, ratio) pairs
-  fails the check unless p < 0.05. (Runs with one draw each fall back to a paired 95% t-interval over seeds.) If
-  it does not matter which heads go, heads do not matter yet, and a prune-vs-scratch comparison says nothing about
-  them.
-- `converged`: the dense runs' training loss, fitted by a line over the last 20% of steps, must not fall by more
-  than the sweep's `trust.final_drop` across that stretch (mean over seeds): a model still improving fast would
-  rank the arms differently with more training.
+- `passed`: the check ran and the models meet it;
+- `failed`: the check ran and they do not: the headline is "untrustworthy: <reasons>", never a verdict;
+- `not_applicable`: the question does not arise (the smallest scale has no smaller one to be compared with);
+- `could_not_run`: the sweep lacks what the check needs (an arm, a method, a budget, or a second seed): the headline
+  is "unverified: <checks>", never a plain supported/refuted. Not tested is not passed.
+
+The two comparisons with another model are non-inferiority tests with a declared margin (`trust.margin`, a fraction
+of the reference model's loss, default 5%, the default prune tolerance: how much loss the sweep calls little): they
+pass only when the 95% interval's upper bound of the difference is at most the margin. A model worse in every seed
+fails, and so does one whose interval is too wide to show it is not materially worse: the burden of proof is on the
+models being trained enough.
+
+- `dense_vs_scratch_e`: dense − Scratch-E on `id` (paired by seed, 95% t-interval), at every ratio with a
+  Scratch-E: upper bound ≤ margin × Scratch-E's mean loss. More heads trained for the same steps must not be
+  materially worse, or the budget or learning rate is wrong for the dense model.
+- `larger_scale_not_worse`: a larger scale's dense model against every smaller scale of the same family and budget
+  (Welch's 95% interval of larger − smaller, unpaired): upper bound ≤ margin × the smaller's mean loss.
+- `informative_beats_random`: before fine-tune, heads chosen by the primary method must beat heads chosen at random
+  (on `id`, one-shot, per_layer). One-shot scores and the seeded random draws are shared across a seed's ratios,
+  so the (seed, ratio) pairs are not independent: each seed contributes one ratio, the ratios rotating over the
+  seeds in order (seed i takes ratio i mod k). Random is a distribution: under the null the informed choice is one
+  more random draw, its rank among the m draws uniform, independently per seed; the exact one-sided rank test
+  passes at p < 0.05. (Runs with one draw each: a paired 95% t-interval over seeds, lower bound above 0.)
+- `converged`: schedule-independent. The dense model at its budget T against the same model trained on its own full
+  schedule to a smaller budget T' (the next smaller budget of a budget sweep, else the planned half-budget run of
+  one seed, arm `dense_half`): the loss gained per doubling of the budget, (L(T') − L(T)) / L(T') / log2(T/T'), on
+  `id`, paired by seed, must be at most `trust.doubling_gain` (default 5%). A fit to the end of one run's loss
+  curve cannot do this: a cosine schedule flattens every curve's end, however undertrained.
+
+Planted-null false-positive rates and powers of each: docs/design.md.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-from ..plan import split_label
+from ..plan import HALF_ARM, split_label
 from .stats import t_interval
 
 EVAL_SET = "id"
-LAST_FRACTION = 0.2
+PASSED, FAILED, NOT_APPLICABLE, COULD_NOT_RUN = "passed", "failed", "not_applicable", "could_not_run"
+STATES = (PASSED, FAILED, NOT_APPLICABLE, COULD_NOT_RUN)
 
 
 @dataclass(frozen=True)
@@ -39,82 +54,93 @@ class Diagnostic:
     scale: str
     family: str
     check: str
-    passed: bool | None  # None: not tested
+    state: str  # passed | failed | not_applicable | could_not_run
     detail: str
+    margin: float | None = None  # the absolute margin (nats) or threshold the check used
+
+    @property
+    def passed(self) -> bool | None:
+        """True/False when the check ran; None when it did not apply or could not run."""
+        return {PASSED: True, FAILED: False}.get(self.state)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "passed": self.passed}
 
 
-def _loss(r, key: str) -> float | None:
-    return r.metrics.get(key)
+def _key() -> str:
+    return f"final/{EVAL_SET}/loss"
 
 
-def dense_vs_scratch_e(runs, scale: str, family: str) -> Diagnostic:
-    dense = {r.seed: r for r in runs if (r.arm, r.scale, r.family) == ("dense", scale, family)}
+def _dense(runs, scale: str, family: str, arm: str = "dense") -> dict:
+    return {r.seed: r for r in runs if (r.arm, r.scale, r.family) == (arm, scale, family) and _key() in r.metrics}
+
+
+def dense_vs_scratch_e(runs, scale: str, family: str, margin: float) -> Diagnostic:
+    name = "dense_vs_scratch_e"
+    dense = _dense(runs, scale, family)
     ctrl = defaultdict(dict)
     for r in runs:
-        if (r.arm, r.scale, r.family, r.scope) == ("scratch_e", scale, family, "per_layer"):
+        if (r.arm, r.scale, r.family, r.scope) == ("scratch_e", scale, family, "per_layer") and _key() in r.metrics:
             ctrl[r.ratio][r.seed] = r
-    key = f"final/{EVAL_SET}/loss"
-    parts, failed, tested = [], False, False
+    if not ctrl:
+        return Diagnostic(scale, family, name, COULD_NOT_RUN, "no Scratch-E control in the sweep")
+    parts, failed, short, used = [], False, [], []
     for ratio, by_seed in sorted(ctrl.items()):
-        seeds = [s for s in sorted(set(dense) & set(by_seed))
-                 if _loss(dense[s], key) is not None and _loss(by_seed[s], key) is not None]
-        if not seeds:
-            continue
-        d = [dense[s].metrics[key] - by_seed[s].metrics[key] for s in seeds]
+        seeds = sorted(set(dense) & set(by_seed))
+        d = [dense[s].metrics[_key()] - by_seed[s].metrics[_key()] for s in seeds]
         ci = t_interval(d)
-        mean = statistics.fmean(d)
         if ci is None:
-            parts.append(f"r{ratio:g}: dense − Scratch-E {mean:+.4f} (one seed, not tested)")
+            short.append(f"r{ratio:g}: {len(seeds)} paired seed(s), an interval needs 2")
             continue
-        tested = True
-        worse = ci[0] > 0
-        failed |= worse
-        parts.append(f"r{ratio:g}: dense − Scratch-E {mean:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]"
-                     + (" — dense is worse" if worse else ""))
-    if not parts:
-        return Diagnostic(scale, family, "dense_vs_scratch_e", None, "not tested: no Scratch-E control")
-    return Diagnostic(scale, family, "dense_vs_scratch_e", (not failed) if tested else None, "; ".join(parts))
+        m = margin * statistics.fmean(by_seed[s].metrics[_key()] for s in seeds)
+        used.append(m)
+        bad = ci[1] > m
+        failed |= bad
+        parts.append(f"r{ratio:g}: dense − Scratch-E {statistics.fmean(d):+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}], margin "
+                     f"{m:.4f}" + (" — dense is not shown to be within the margin of Scratch-E" if bad else ""))
+    if short:
+        return Diagnostic(scale, family, name, COULD_NOT_RUN, "; ".join(parts + short))
+    return Diagnostic(scale, family, name, FAILED if failed else PASSED, "; ".join(parts), max(used))
 
 
-def larger_scale_not_worse(runs, scale: str, family: str, order: list[str]) -> Diagnostic:
+def larger_scale_not_worse(runs, scale: str, family: str, order: list[str], margin: float) -> Diagnostic:
     from scipy import stats
 
-    key = f"final/{EVAL_SET}/loss"
+    name = "larger_scale_not_worse"
 
-    def losses(sc):
-        return [r.metrics[key] for r in runs if (r.arm, r.scale, r.family) == ("dense", sc, family)
-                and key in r.metrics]
+    def losses(cell):
+        return [r.metrics[_key()] for r in _dense(runs, cell, family).values()]
 
+    base, budget = split_label(scale)
+    smaller = [s for s in order[:order.index(scale)] if split_label(s)[1] == budget and split_label(s)[0] != base] \
+        if scale in order else []
+    if not smaller:
+        return Diagnostic(scale, family, name, NOT_APPLICABLE, "no smaller scale at this budget in the sweep")
     mine = losses(scale)
-    budget = split_label(scale)[1]  # budgets of a scale are compared with the same budget of smaller scales
-    smaller = [s for s in order[:order.index(scale)] if split_label(s)[1] == budget and split_label(s)[0] !=
-               split_label(scale)[0] and losses(s)] if scale in order else []
-    if not smaller or not mine:
-        return Diagnostic(scale, family, "larger_scale_not_worse", None, "not tested: no smaller scale in the sweep")
-    parts, failed, tested = [], False, False
+    parts, failed, short, used = [], False, [], []
     for s in smaller:
         other = losses(s)
-        diff = statistics.fmean(mine) - statistics.fmean(other)
         if len(mine) < 2 or len(other) < 2:
-            parts.append(f"vs {s}: {diff:+.4f} (one seed, not tested)")
+            short.append(f"vs {s}: {len(mine)} and {len(other)} seed(s), an interval needs 2 of each")
             continue
-        tested = True
         lo, hi = stats.ttest_ind(mine, other, equal_var=False).confidence_interval(0.95)
-        worse = lo > 0
-        failed |= worse
+        m = margin * statistics.fmean(other)
+        used.append(m)
+        bad = hi > m
+        failed |= bad
         parts.append(f"vs {s}: dense {statistics.fmean(mine):.4f} against {statistics.fmean(other):.4f} "
-                     f"({diff:+.4f} [{lo:+.4f}, {hi:+.4f}])" + (f" — worse than {s}" if worse else ""))
-    return Diagnostic(scale, family, "larger_scale_not_worse", (not failed) if tested else None, "; ".join(parts))
+                     f"({statistics.fmean(mine) - statistics.fmean(other):+.4f} [{lo:+.4f}, {hi:+.4f}], margin "
+                     f"{m:.4f})" + (f" — not shown to be within the margin of {s}" if bad else ""))
+    if short:
+        return Diagnostic(scale, family, name, COULD_NOT_RUN, "; ".join(parts + short))
+    return Diagnostic(scale, family, name, FAILED if failed else PASSED, "; ".join(parts), max(used))
 
 
 def rank_test(counts: list[tuple[float, int]]) -> float:
-    """One-sided exact p-value that an informed choice is no better than random ones. `counts` holds, per (seed,
-    ratio), how many of m random draws scored a lower loss than the informed choice (ties count ½) and m. Under the
-    null the informed choice is one more random draw, so its count is uniform on 0..m, independently per pair;
-    p = P(Σ counts ≤ observed), by convolving those uniforms (half counts on a doubled grid)."""
+    """One-sided exact p-value that an informed choice is no better than random ones. `counts` holds, per
+    independent pair, how many of m random draws scored a lower loss than the informed choice (ties count ½) and m.
+    Under the null the informed choice is one more random draw, so its count is uniform on 0..m, independently per
+    pair; p = P(Σ counts ≤ observed), by convolving those uniforms (half counts on a doubled grid)."""
     dist = {0: 1.0}
     for _, m in counts:
         step = {2 * k: 1.0 / (m + 1) for k in range(m + 1)}
@@ -127,7 +153,18 @@ def rank_test(counts: list[tuple[float, int]]) -> float:
     return sum(p for v, p in dist.items() if v <= observed)
 
 
+def one_ratio_per_seed(seeds: list[int], ratios_of: dict) -> list[tuple[int, float]]:
+    """(seed, ratio): seed i of the sorted seeds takes its i-th ratio mod k, of the ratios it has in sorted order."""
+    out = []
+    for i, seed in enumerate(sorted(seeds)):
+        rs = sorted(ratios_of[seed])
+        if rs:
+            out.append((seed, rs[i % len(rs)]))
+    return out
+
+
 def informative_beats_random(runs, scale: str, family: str, method: str) -> Diagnostic:
+    name = "informative_beats_random"
     key = f"pre_ft/{EVAL_SET}/loss"
     by = defaultdict(lambda: defaultdict(dict))  # method -> seed -> ratio -> loss, or the random draws' losses
     for r in runs:
@@ -139,92 +176,105 @@ def informative_beats_random(runs, scale: str, family: str, method: str) -> Diag
                 else r.metrics[key]
     if method not in by or "random" not in by:
         missing = "random" if "random" not in by else method
-        return Diagnostic(scale, family, "informative_beats_random", None,
-                          f"not tested: no per_layer one_shot {missing} prune in the sweep")
-    pairs = [(seed, by[method][seed][r], by["random"][seed][r])
-             for seed in sorted(set(by[method]) & set(by["random"]))
-             for r in sorted(set(by[method][seed]) & set(by["random"][seed]))]
+        return Diagnostic(scale, family, name, COULD_NOT_RUN, f"no per_layer one_shot {missing} prune in the sweep")
+    seeds = sorted(set(by[method]) & set(by["random"]))
+    common = {s: set(by[method][s]) & set(by["random"][s]) for s in seeds}
+    pairs = [(seed, r, by[method][seed][r], by["random"][seed][r]) for seed, r in one_ratio_per_seed(seeds, common)]
     if not pairs:
-        return Diagnostic(scale, family, "informative_beats_random", None, "not tested: no seed has both")
-    if all(isinstance(rand, list) and len(rand) > 1 for _, _, rand in pairs):
-        # every random prune measured several draws: the exact rank test (power from the draws, not the seeds)
-        counts = [(sum(1.0 if x < inf else 0.5 if x == inf else 0.0 for x in rand), len(rand)) for _, inf, rand in pairs]
+        return Diagnostic(scale, family, name, COULD_NOT_RUN, "no seed has both")
+    which = ", ".join(f"seed {s} r{r:g}" for s, r, _, _ in pairs)
+    if all(isinstance(rand, list) and len(rand) > 1 for *_, rand in pairs):
+        counts = [(sum(1.0 if x < inf else 0.5 if x == inf else 0.0 for x in rand), len(rand)) for *_, inf, rand in pairs]
         p = rank_test(counts)
-        diff = statistics.fmean(statistics.fmean(rand) - inf for _, inf, rand in pairs)
+        diff = statistics.fmean(statistics.fmean(rand) - inf for *_, inf, rand in pairs)
         ok = p < 0.05 and diff > 0
         below = sum(c for c, _ in counts)
-        detail = (f"{below:g} of {sum(m for _, m in counts)} random draws ({len(pairs)} seed(s) × ratio(s)) beat "
-                  f"{method} before fine-tune; exact rank test p = {p:.3g}; random − {method} {diff:+.4f} on "
+        detail = (f"{below:g} of {sum(m for _, m in counts)} random draws beat {method} before fine-tune "
+                  f"(one ratio per seed: {which}); exact rank test p = {p:.3g}; random − {method} {diff:+.4f} on "
                   f"average" + ("" if ok else f" — {method} is not clearly better than random"))
-        return Diagnostic(scale, family, "informative_beats_random", ok, detail)
-    # one draw per seed (runs without the extra draws): paired by seed, averaged over ratios, a t-interval
-    per_seed = defaultdict(list)
-    for seed, inf, rand in pairs:
-        per_seed[seed].append((statistics.fmean(rand) if isinstance(rand, list) else rand) - inf)
-    diffs = [statistics.fmean(v) for v in per_seed.values()]
+        return Diagnostic(scale, family, name, PASSED if ok else FAILED, detail)
+    diffs = [(statistics.fmean(rand) if isinstance(rand, list) else rand) - inf for *_, inf, rand in pairs]
     ci = t_interval(diffs)
     if ci is None:
-        return Diagnostic(scale, family, "informative_beats_random", None, "not tested: fewer than two seeds")
+        return Diagnostic(scale, family, name, COULD_NOT_RUN, "one seed: an interval needs 2")
     ok = ci[0] > 0
-    detail = (f"random − {method} before fine-tune {statistics.fmean(diffs):+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}] "
-              f"over {len(diffs)} seeds" + ("" if ok else f" — {method} is not clearly better than random"))
-    return Diagnostic(scale, family, "informative_beats_random", ok, detail)
+    detail = (f"random − {method} before fine-tune {statistics.fmean(diffs):+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}] over "
+              f"{len(diffs)} seeds ({which})" + ("" if ok else f" — {method} is not clearly better than random"))
+    return Diagnostic(scale, family, name, PASSED if ok else FAILED, detail)
 
 
-def final_drop(history: list[tuple[int, float]], fraction: float = LAST_FRACTION) -> float | None:
-    """Relative fall of a loss curve across its last `fraction` of steps, from a least-squares line: how much the
-    run was still improving when it stopped."""
-    if not history:
+def doubling_gain(short: float, long: float, t_short: int, t_long: int) -> float:
+    """Relative loss gained per doubling of the budget from t_short to t_long steps (each on its own schedule)."""
+    return (short - long) / short / math.log2(t_long / t_short)
+
+
+def _steps(r) -> int | None:
+    try:
+        return int(r.params["steps"])
+    except (KeyError, ValueError):
         return None
-    last = max(s for s, _ in history)
-    pts = [(s, v) for s, v in history if s > (1 - fraction) * last]
-    if len(pts) < 3:
-        return None
-    xs = [float(s) for s, _ in pts]
-    ys = [float(v) for _, v in pts]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        return None
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    start = my + slope * (min(xs) - mx)
-    return -slope * (max(xs) - min(xs)) / start if start > 0 else None
 
 
-def converged(runs, histories: dict, scale: str, family: str, threshold: float) -> Diagnostic:
-    drops = []
-    for r in runs:
-        if (r.arm, r.scale, r.family) == ("dense", scale, family):
-            d = final_drop(histories.get(r.run_id, {}).get("train/loss", []))
-            if d is not None:
-                drops.append(d)
-    if not drops:
-        return Diagnostic(scale, family, "converged", None, "not tested: no training-loss history")
-    mean = statistics.fmean(drops)
-    ok = mean <= threshold
-    detail = (f"training loss fell {mean:.1%} over the last {LAST_FRACTION:.0%} of steps (mean of {len(drops)} "
-              f"dense runs; threshold {threshold:.0%})" + ("" if ok else " — still falling fast"))
-    return Diagnostic(scale, family, "converged", ok, detail)
+def converged(runs, scale: str, family: str, order: list[str], threshold: float) -> Diagnostic:
+    name = "converged"
+    dense = _dense(runs, scale, family)
+    t_long = {_steps(r) for r in dense.values()} - {None}
+    if not dense or len(t_long) != 1:
+        return Diagnostic(scale, family, name, COULD_NOT_RUN, "no dense run with its budget recorded")
+    T = t_long.pop()
+    base, _ = split_label(scale)
+    # the next smaller budget of the same scale (a budget sweep), else the planned half-budget run
+    smaller = [c for c in order if split_label(c)[0] == base and c != scale
+               and {_steps(r) for r in _dense(runs, c, family).values()} and
+               max(_steps(r) or 0 for r in _dense(runs, c, family).values()) < T]
+    if smaller:
+        ref_cell = max(smaller, key=lambda c: max(_steps(r) or 0 for r in _dense(runs, c, family).values()))
+        ref, what = _dense(runs, ref_cell, family), f"the {ref_cell} dense runs"
+    else:
+        ref, what = _dense(runs, scale, family, HALF_ARM), "the half-budget dense run"
+    seeds = sorted(set(ref) & set(dense))
+    if not seeds:
+        return Diagnostic(scale, family, name, COULD_NOT_RUN, "no smaller budget and no half-budget dense run "
+                                                              "finished")
+    t_short = {_steps(ref[s]) for s in seeds}
+    if len(t_short) != 1 or None in t_short or next(iter(t_short)) >= T:
+        return Diagnostic(scale, family, name, COULD_NOT_RUN, f"{what} record no smaller budget")
+    T0 = t_short.pop()
+    short = statistics.fmean(ref[s].metrics[_key()] for s in seeds)
+    long = statistics.fmean(dense[s].metrics[_key()] for s in seeds)
+    gain = doubling_gain(short, long, T0, T)
+    ok = gain <= threshold
+    detail = (f"{T0} → {T} steps (each on its own schedule; {what}, {len(seeds)} seed(s)): {EVAL_SET} loss {short:.4f} "
+              f"→ {long:.4f}, {gain:.1%} per doubling of the budget (threshold {threshold:.0%})"
+              + ("" if ok else " — still improving fast with more training"))
+    return Diagnostic(scale, family, name, PASSED if ok else FAILED, detail, threshold)
 
 
-def diagnose(runs, histories: dict, scale_families: list[tuple[str, str]], order: list[str], method: str,
+def diagnose(runs, scale_families: list[tuple[str, str]], order: list[str], method: str, margin: float,
              threshold: float) -> list[Diagnostic]:
     out = []
     for scale, family in scale_families:
-        out += [dense_vs_scratch_e(runs, scale, family), larger_scale_not_worse(runs, scale, family, order),
+        out += [dense_vs_scratch_e(runs, scale, family, margin),
+                larger_scale_not_worse(runs, scale, family, order, margin),
                 informative_beats_random(runs, scale, family, method),
-                converged(runs, histories, scale, family, threshold)]
+                converged(runs, scale, family, order, threshold)]
     return out
 
 
 SHORT = {
-    "dense_vs_scratch_e": "the dense model is worse than Scratch-E trained for the same steps",
-    "larger_scale_not_worse": "this scale's dense model is worse than a smaller scale's",
+    "dense_vs_scratch_e": "the dense model is not shown to be within the margin of Scratch-E trained for the same "
+                          "steps",
+    "larger_scale_not_worse": "this scale's dense model is not shown to be within the margin of a smaller scale's",
     "informative_beats_random": "informed scoring is not clearly better than random before fine-tune",
-    "converged": "the dense loss was still falling fast at the end of training",
+    "converged": "the dense loss still improves fast with more training",
 }
 
 
 def untrustworthy(diags: list[Diagnostic], scale: str, family: str) -> list[str]:
     """The reasons (failed checks) that make (scale, family) untrustworthy; empty when none failed."""
-    return [SHORT[d.check] for d in diags if (d.scale, d.family) == (scale, family) and d.passed is False]
+    return [SHORT[d.check] for d in diags if (d.scale, d.family) == (scale, family) and d.state == FAILED]
+
+
+def unverified(diags: list[Diagnostic], scale: str, family: str) -> list[str]:
+    """The checks that could not run at (scale, family): its verdict is unverified."""
+    return [d.check for d in diags if (d.scale, d.family) == (scale, family) and d.state == COULD_NOT_RUN]

@@ -16,7 +16,7 @@ from .read import Run, scores_of
 from .render import Doc, fmt_ci, fmt_p, fmt_ratio
 from .stats import paired, t_interval, verdict_of
 from .summaries import redundancy_change, series
-from .verdict import CONTROL_NAMES, Report
+from .verdict import CONTROL_NAMES, STATE_WORDS, Report
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ def _headline(doc: Doc, rep: Report, pg: _Page) -> None:
           f"`{PRIMARY['schedule']}`, after {pg.ft} recovery fine-tune steps, eval set `{PRIMARY['eval_set']}`. "
           f"Half (1) uses the loss before fine-tune, within the sweep's declared tolerance of "
           f"{rep.tolerance:.0%} of dense. Half (2) is stated per control (Holm-adjusted over the scale's ratios × "
-          f"controls). A scale whose trust diagnostics fail (section 2) is **untrustworthy**: no verdict is given "
-          f"on it.")
+          f"controls). A scale whose trust diagnostics fail (section 2) is **untrustworthy**, one whose checks could "
+          f"not all run is **unverified**: no verdict is given on either.")
     lines, table = [], []
     for scale, family in pg.scale_families:
         lines.append(f"**{scale} {family}**: {rep.headline(scale, family)}.")
@@ -83,12 +83,18 @@ def _headline(doc: Doc, rep: Report, pg: _Page) -> None:
 def _diagnostics(doc: Doc, rep: Report, pg: _Page) -> None:
     """Section 2. trust diagnostics."""
     doc.h(2, "2. Trust diagnostics")
+    trust = rep.data.spec.trust if rep.data.spec is not None else None
     doc.p("Checks that the models are trained enough for the question (orchestration/report/diagnostics.py). A failed "
-          "check makes the scale's headline untrustworthy; `not tested` means the sweep lacks what the check needs. "
-          "`converged` uses the sweep's declared threshold (`trust.final_drop`).")
+          "check makes the scale's headline untrustworthy; a check that could not run (the sweep lacks the arm, "
+          "method, budget or seeds it needs) makes it unverified; not applicable: the question does not arise (the "
+          "smallest scale has no smaller one). Dense vs Scratch-E and larger vs smaller scale are non-inferiority "
+          "tests: they pass only when the upper 95% bound of the loss difference is at most the declared margin"
+          + (f" ({trust.margin:.0%} of the reference loss; `trust.margin`)" if trust else "") + ". `converged` "
+          "compares the dense model with the same model trained to a smaller budget on its own schedule"
+          + (f" (at most {trust.doubling_gain:.0%} gained per doubling; `trust.doubling_gain`)" if trust else "")
+          + ".")
     doc.table(["scale", "family", "check", "result", "detail"],
-              [[g.scale, g.family, g.check, {True: "passed", False: "**failed**", None: "not tested"}[g.passed],
-                g.detail] for g in rep.diagnostics])
+              [[g.scale, g.family, g.check, STATE_WORDS[g.state], g.detail] for g in rep.diagnostics])
 
 
 def _comparisons(doc: Doc, rep: Report, pg: _Page) -> None:
@@ -187,27 +193,7 @@ def _curves(doc: Doc, rep: Report, pg: _Page) -> None:
 
 def _across_scales(doc: Doc, rep: Report, pg: _Page) -> None:
     """Section 6. across scales."""
-    doc.h(2, "6. Across scales")
-    fits = [s for s in rep.scales if len(s.scales) >= 2]
-    if not fits:
-        doc.p("One scale only: whether the gap grows or shrinks with size is not tested by this sweep.")
-    else:
-        path = pg.plots / "across_scales.png"
-        plots.scales_plot(rep.scales, path)
-        doc.img(path, "Primary gap (control − pruned, id) against dense parameters, with a least-squares line")
-        rows = []
-        for s in fits:
-            trend = ("grows" if s.slope > 0 else "shrinks") if s.slope is not None else "—"
-            if s.slope_ci95 and s.slope_ci95[0] <= 0 <= s.slope_ci95[1]:
-                trend += " (CI includes 0)"
-            rows.append([s.family, fmt_ratio(s.ratio), CONTROL_NAMES[s.control], ", ".join(s.scales),
-                         ", ".join(f"{v:+.4f}" for v in s.diff_mean),
-                         f"{s.slope:+.4f}" if s.slope is not None else "—", fmt_ci(s.slope_ci95), trend])
-        doc.p("Slope of the gap per decade of parameters: positive means pruning's advantage grows with model size "
-              "(over-provisioning matters more for larger models). With two scales the slope is a difference of two "
-              "points and has no interval.")
-        doc.table(["family", "ratio", "control", "scales", "gap per scale", "slope / decade", "95% CI",
-                   "pruning's advantage"], rows)
+    axes.across_scales_section(doc, rep, pg.plots)
 
 
 def _timing(doc: Doc, rep: Report, pg: _Page) -> None:

@@ -131,33 +131,6 @@ def curves_plot(rows: list, tolerance: float, path: str | Path, title: str) -> N
     _save(fig, path)
 
 
-def scales_plot(fits: list, path: str | Path) -> None:
-    """The primary gap per scale against dense parameters (log axis), error bars = 95% CI, least-squares line."""
-    plt = _plt()
-    import numpy as np
-
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    for i, f in enumerate(fits):
-        x = np.array(f.params, dtype=float)
-        y = np.array(f.diff_mean, dtype=float)
-        label = f"{f.family} r{f.ratio:g} vs {_CONTROL_LABEL[f.control]}"
-        line = ax.errorbar(x, y, yerr=_yerr(y, f.ci95), marker="o", capsize=3, lw=0, elinewidth=1, label=label)
-        if f.slope is not None:
-            xs = np.log10(x)
-            b = y.mean() - f.slope * xs.mean()
-            ax.plot(x, b + f.slope * xs, color=line[0].get_color(), lw=1)
-        for xi, yi, s in zip(x, y, f.scales):
-            ax.annotate(s, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set_xscale("log")
-    ax.axhline(0, color="black", lw=0.8)
-    ax.set_xlabel("dense parameters")
-    ax.set_ylabel("control − pruned loss (nats/token)")
-    ax.set_title("does pruning's advantage grow with scale? (primary comparison, id)", fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    _save(fig, path)
-
-
 def _band(ax, points: list, color, label: str) -> None:
     """points: (step, mean, 95% interval or None); the band is drawn when every point has an interval."""
     steps = [p[0] for p in points]
@@ -236,35 +209,43 @@ def timing_plot(rows: list, path: str | Path, title: str) -> None:
 
 
 def trend_plot(trends: list, axis: str, path: str | Path) -> None:
-    """The primary gap per cell against an axis (log), error bars = 95% CI over seeds, the fitted line, and the
-    crossover where the line meets 0."""
+    """The primary gap per cell against an axis (log), error bars = 95% CI over seeds (hollow: a cell left out,
+    its trust checks failed), and each group's fitted line (its intercept, the common slope) over its range."""
     plt = _plt()
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for t in (t for t in trends if t.axis == axis):
         pts = sorted(t.points, key=lambda p: p.tokens_per_param if axis == "tokens_per_param" else p.params)
+        slope = 0.0 if t.slope is None else t.slope
         x = np.array([p.tokens_per_param if axis == "tokens_per_param" else p.params for p in pts], dtype=float)
         y = np.array([p.diff_mean for p in pts], dtype=float)
-        line = ax.errorbar(x, y, yerr=_yerr(y, [p.ci95 for p in pts]), marker="o", capsize=3, lw=0, elinewidth=1,
-                           label=f"{t.family} r{t.ratio:g} vs {_CONTROL_LABEL[t.control]} "
-                                 f"({t.slope:+.3f}/decade)")
+        used = np.array([p.used for p in pts])
+        label = (f"{t.family} r{t.ratio:g} vs {_CONTROL_LABEL[t.control]} "
+                 + ("(no fit: cells left out)" if t.slope is None else f"({t.slope:+.3f}/decade"
+                    + (")" if t.slope_ci95 else ", no interval)")))
+        line = ax.errorbar(x[used], y[used], yerr=_yerr(y[used], [p.ci95 for p in pts if p.used]), marker="o",
+                           capsize=3, lw=0, elinewidth=1, label=label)
         color = line[0].get_color()
-        # the fitted line through the mean of all (cell, seed) points
-        w = np.array([p.n_seeds for p in pts], dtype=float)
-        mx, my = float(np.average(np.log10(x), weights=w)), float(np.average(y, weights=w))
-        grid = np.linspace(np.log10(x.min()), np.log10(x.max()), 50)
-        ax.plot(10 ** grid, my + t.slope * (grid - mx), color=color, lw=1)
-        if t.crossover is not None:
-            ax.axvline(t.crossover, color=color, lw=0.8, ls=":")
+        if (~used).any():
+            ax.scatter(x[~used], y[~used], facecolors="white", edgecolors=color, zorder=3)
+        for g in t.groups or []:
+            lo, hi = g["x_range"]
+            if lo is None or hi is None or lo == hi:
+                continue
+            grid = np.linspace(np.log10(lo), np.log10(hi), 20)
+            ax.plot(10 ** grid, g["intercept"] + slope * grid, color=color, lw=1)
+            if g["crossover"] is not None:
+                ax.axvline(g["crossover"], color=color, lw=0.8, ls=":" if g["established"] else (0, (1, 4)))
         for xi, yi, p in zip(x, y, pts):
             ax.annotate(p.cell, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xscale("log")
     ax.axhline(0, color="black", lw=0.8)
-    ax.set_xlabel("training tokens per dense parameter" if axis == "tokens_per_param" else "dense parameters")
+    ax.set_xlabel("training tokens per non-embedding parameter" if axis == "tokens_per_param"
+                  else "non-embedding parameters")
     ax.set_ylabel("control − pruned loss (nats/token)")
-    ax.set_title("primary gap against the training budget (dotted: fitted crossover)" if axis == "tokens_per_param"
-                 else "primary gap against model size", fontsize=9)
+    ax.set_title("primary gap against the training budget (one line per scale; dotted: crossover)"
+                 if axis == "tokens_per_param" else "primary gap against model size (one line per budget)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     _save(fig, path)
@@ -300,7 +281,7 @@ def budget_map(trends: list, path: str | Path) -> None:
         ax.margins(x=0.3, y=0.15)
         ax.xaxis.set_minor_formatter(plt.NullFormatter())
         ax.yaxis.set_minor_formatter(plt.NullFormatter())
-        ax.set_xlabel("dense parameters")
+        ax.set_xlabel("non-embedding parameters")
         ax.set_ylabel("training tokens")
         ax.set_title(f"vs {_CONTROL_LABEL[control]} (blue: pruning wins; hollow: CI includes 0)", fontsize=9)
         ax.grid(alpha=0.3)

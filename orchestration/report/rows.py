@@ -85,21 +85,6 @@ class CurvePoint:
 
 
 @dataclass
-class ScaleTrend:
-    """The primary gap of one (family, ratio, control) against dense parameters, with a fitted slope."""
-
-    family: str
-    ratio: float
-    control: str
-    scales: list[str]
-    params: list[float]
-    diff_mean: list[float]
-    ci95: list
-    slope: float | None  # per decade of parameters
-    slope_ci95: list[float] | None
-
-
-@dataclass
 class Cost:
     scale: str
     arm: str
@@ -164,6 +149,7 @@ class Timing:
     vs_late: str  # matches | worse | better | inconclusive | insufficient_seeds | reference (prune_at 1)
     dense_loss: float | None  # the reference lines of the plot: the dense models and Scratch-E at this ratio
     scratch_e_loss: float | None
+    margin: float | None = None  # equivalence margin of "matches": half the cell's |Scratch-E gap| (None: no Scratch-E)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -172,30 +158,39 @@ class Timing:
 @dataclass
 class TrendPoint:
     cell: str  # scale label ("s" or "s-T1500")
-    tokens_per_param: float
-    params: float
+    tokens_per_param: float  # training tokens per non-embedding parameter of the dense model
+    params: float  # non-embedding parameters of the dense model
     n_seeds: int
     diff_mean: float
     ci95: list[float] | None
+    used: bool = True  # False: its trust checks failed, it is left out of the fit
 
 
 @dataclass
 class Trend:
-    """The primary gap (control − pruned, per seed) fitted against log10 of an axis over the sweep's cells: the
-    slope per decade with its t-interval, and where the fitted gap crosses zero (None when not within the swept
-    range) with a bootstrap interval over seeds."""
+    """The primary gap (control − pruned), one mean per cell, fitted against log10 of an axis with one intercept per
+    group (orchestration/report/trends.py): the common slope per decade with its t-interval on the cells' residual
+    degrees of freedom, and per group where its line crosses zero (None when not within its swept range) with
+    Fieller's interval."""
 
     family: str
     ratio: float
     control: str
     axis: str  # tokens_per_param | params
-    slope: float
-    slope_ci95: list[float] | None
-    crossover: float | None
+    slope: float | None  # None: the cells left out (failed trust checks) leave too few to fit
+    slope_ci95: list[float] | None  # None: no residual degree of freedom (e.g. two cells of one scale)
+    crossover: float | None  # the single group's, when the fit has one group (else per group in `groups`)
     crossover_ci95: list[float] | None
-    established: bool  # a crossover in range whose slope's 95% interval excludes 0
+    established: bool  # some group's crossover in range with the slope's 95% interval excluding 0
     x_range: list[float]
     points: list[TrendPoint]
+    fit: str = "within_scales"  # within_scales (intercept per scale) | across_scales (intercept per budget)
+    df: int = 0
+    n_cells: int = 0
+    excluded: list[str] | None = None  # cells left out: a trust check failed
+    unverified_cells: list[str] | None = None  # cells used whose checks could not run
+    groups: list[dict] | None = None  # per group: intercept, range, crossover, its interval, established
+    note: str | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)

@@ -1,53 +1,15 @@
-"""What the report says beside the verdict: the gap across scales, cost and compute share, the probes, every arm's
-learning rate, how the eval sets were measured."""
+"""What the report says beside the verdict: cost and compute share, the probes, every arm's learning rate, how the
+eval sets were measured."""
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 from ..plan import WORK_KINDS
 from .analysis import by_scale, mean
 from .read import Run, SweepRuns
-from .rows import Comparison, Cost, EvalInfo, LearningRate, ScaleTrend
+from .rows import Cost, EvalInfo, LearningRate
 from .stats import t_interval
-
-
-def scale_params(runs: list[Run]) -> dict:
-    """(scale, family) -> dense parameter count."""
-    out = {}
-    for r in runs:
-        if r.arm == "pruned" and "params_dense" in r.metrics:
-            out[(r.scale, r.family)] = r.metrics["params_dense"]
-        elif r.arm == "dense" and "params" in r.metrics:
-            out.setdefault((r.scale, r.family), r.metrics["params"])
-    return out
-
-
-def across_scales(comps: list[Comparison], params: dict) -> list[ScaleTrend]:
-    """Per (family, ratio, control): the primary gap (diff_mean) against log10(dense parameters), with the fitted
-    slope (per decade of parameters) and, from three scales on, its 95% interval."""
-    from scipy import stats
-
-    by = defaultdict(list)
-    for c in comps:
-        if c.primary and (c.scale, c.family) in params:
-            by[(c.family, c.ratio, c.control)].append(c)
-    out = []
-    for (family, ratio, control), rows in sorted(by.items()):
-        rows.sort(key=lambda c: params[(c.scale, family)])
-        x = [math.log10(params[(c.scale, family)]) for c in rows]
-        y = [c.diff_mean for c in rows]
-        slope, slope_ci = None, None
-        if len(rows) >= 2 and len(set(x)) == len(x):
-            lr = stats.linregress(x, y)
-            slope = float(lr.slope)
-            if len(rows) >= 3:
-                half = float(stats.t.ppf(0.975, len(rows) - 2)) * float(lr.stderr)
-                slope_ci = [slope - half, slope + half]
-        out.append(ScaleTrend(family, ratio, control, [c.scale for c in rows],
-                              [params[(c.scale, family)] for c in rows], y, [c.ci95 for c in rows], slope, slope_ci))
-    return out
 
 
 def costs(runs: list[Run]) -> list[Cost]:

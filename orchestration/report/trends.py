@@ -1,18 +1,33 @@
 """The two axes of when the extra heads matter: prune timing (heads removed at a fraction p of training, then
-trained on to T) and the training budget (the primary gap against tokens per parameter and parameters, its
-fitted trend and where it crosses zero).
+trained on to T) and the trend of the primary gap across cells (a cell: one scale at one training budget).
 
 Timing: per (cell, family, ratio, method), the final loss at each p on the primary eval set, with the paired
-difference to pruning the trained model (p = 1). "matches" when that interval lies within ± the sweep's tolerance
-× the late loss (pruning early ends as good as pruning late); "worse"/"better" when it excludes 0.
+difference to pruning the trained model (p = 1). "worse"/"better" when that difference's 95% interval excludes 0
+(decided first); else "matches" when the interval lies within ± the equivalence margin, half the cell's |Scratch-E
+gap| (the effect under study: pruning early "matches" when it moves the loss by less than half of what separates
+pruning from training small); else "inconclusive". Without a Scratch-E control there is no margin and no "matches".
 
-Trend: every (cell, seed) gives one point, x = log10 of the axis, y = control − pruned on the primary comparison
-(after the recovery fine-tune). Ordinary least squares; the slope's interval is Student-t on n − 2 degrees of
-freedom. The crossover is where the fitted line is 0, reported only inside the swept range, and `established` only
-when the slope's interval excludes 0 (a flat trend crosses somewhere by chance); its interval is the 2.5-97.5
-percentiles of the crossover over bootstrap resamples of the seeds within each cell (with three seeds a
-cell the bootstrap understates the spread: read it as a lower bound on the uncertainty; with fewer than three
-seeds in a cell no interval is given)."""
+Trend: the unit of inference is the cell, not the (cell, seed) point: a cell's gap has a cell-level deviation from
+any line (its budget, its learning rate, its data order) that more seeds do not average away, and one seed shares
+its initialisation and data order across a scale's budgets. So each cell contributes its mean gap over seeds (y),
+and the fit is least squares on cell means with one intercept per group and a common slope:
+
+- budget within scale (axis `tokens_per_param`, fit `within_scales`): x = log10(training tokens per non-embedding
+  parameter of the dense model; Kaplan et al. 2020's N), one intercept per scale. The slope is how the gap
+  changes per decade of budget inside a scale, with scale differences absorbed by the intercepts (and with them
+  each seed's shared effect across its scale's budgets).
+- size across scales (axis `params`, fit `across_scales`): x = log10 non-embedding parameters, one intercept per
+  budget label; given only when at least three scales are fitted (with two, any difference between two
+  architectures would be read as a size effect).
+
+The slope's 95% interval is Student-t on n_cells − n_groups − 1 degrees of freedom (the residual scatter of the
+cell means, which holds the seed noise and the cell-level deviation alike); with no residual degree of freedom
+(two cells of one scale) the row has a slope and no interval, and says so. A crossover is where a group's fitted
+line is 0, reported only inside that group's swept range; its interval is Fieller's (the set of x where 0 lies in
+the fitted line's 95% band), and it is *established* only when the slope's interval excludes 0 (then Fieller's set
+is a bounded interval). Cells whose trust diagnostics failed are left out of every fit and listed; cells with
+checks that could not run are used and listed (the claim is then unverified). Planted-null false-positive rates
+and powers: docs/design.md."""
 
 from __future__ import annotations
 
@@ -21,32 +36,35 @@ from collections import defaultdict
 
 from lightning_modules.config import CONTROLS
 
+from ..plan import scale_rank, split_label
 from .analysis import PRIMARY, by_scale, control_runs, controls_of, mean, pruned_groups
 from .read import Run
 from .rows import Timing, Trend, TrendPoint
 from .stats import t_interval
 
 AXES = ("tokens_per_param", "params")
-BOOTSTRAP_DRAWS = 2000
-MIN_BOOTSTRAP_SEEDS = 3  # per cell: with two, resampling has three outcomes and its interval means nothing
+MIN_SCALES_ACROSS = 3  # an across-scale slope needs three scales: two differ in more than size
+TIMING_MARGIN = 0.5  # of the cell's |Scratch-E gap|: the equivalence margin of "matches"
 
 
 # ------------------------------------------------------------------------------------------------ timing
 
 
-def _timing_word(ci: tuple[float, float] | None, margin: float) -> str:
+def _timing_word(ci: tuple[float, float] | None, margin: float | None) -> str:
+    """worse/better when the interval excludes 0 (decided first: a difference shown is never called a match);
+    then matches when it lies within ± margin; else inconclusive."""
     if ci is None:
         return "insufficient_seeds"
-    if -margin <= ci[0] and ci[1] <= margin:
-        return "matches"
     if ci[0] > 0:
         return "worse"
     if ci[1] < 0:
         return "better"
+    if margin is not None and -margin <= ci[0] and ci[1] <= margin:
+        return "matches"
     return "inconclusive"
 
 
-def timing(runs: list[Run], tolerance: float) -> list[Timing]:
+def timing(runs: list[Run]) -> list[Timing]:
     """Rows for every (cell, family, ratio, method) pruned at some p < 1 (primary scope and schedule)."""
     ev = PRIMARY["eval_set"]
     key = f"final/{ev}/loss"
@@ -56,16 +74,22 @@ def timing(runs: list[Run], tolerance: float) -> list[Timing]:
             groups[(r.scale, r.family, r.ratio, r.method)][r.prune_at][r.seed] = r.metrics[key]
     dense = defaultdict(list)
     scratch = defaultdict(list)
+    scratch_seed = defaultdict(dict)
     for r in runs:
         if r.arm == "dense" and key in r.metrics:
             dense[(r.scale, r.family)].append(r.metrics[key])
         if r.arm == "scratch_e" and r.scope == "per_layer" and key in r.metrics:
             scratch[(r.scale, r.family, r.ratio)].append(r.metrics[key])
+            scratch_seed[(r.scale, r.family, r.ratio)][r.seed] = r.metrics[key]
     out = []
     for (scale, family, ratio, method), by_at in by_scale(groups):
         if all(p == 1.0 for p in by_at):
             continue
         late = by_at.get(1.0, {})
+        se = scratch_seed[(scale, family, ratio)]
+        both = sorted(set(se) & set(late))
+        # the effect under study in this cell: Scratch-E − pruned (trained model), paired by seed
+        margin = TIMING_MARGIN * abs(mean([se[s] - late[s] for s in both])) if both else None
         for p in sorted(by_at):
             losses = by_at[p]
             vals = [losses[s] for s in sorted(losses)]
@@ -73,12 +97,12 @@ def timing(runs: list[Run], tolerance: float) -> list[Timing]:
             common = sorted(set(losses) & set(late))
             diffs = [losses[s] - late[s] for s in common]
             d_ci = t_interval(diffs) if p != 1.0 else None
-            word = "reference" if p == 1.0 else ("insufficient_seeds" if not common else
-                                                  _timing_word(d_ci, tolerance * mean([late[s] for s in common])))
+            word = "reference" if p == 1.0 else ("insufficient_seeds" if not common else _timing_word(d_ci, margin))
             out.append(Timing(scale, family, ratio, method, p, ev, len(vals), mean(vals), list(ci) if ci else None,
                               mean(diffs) if diffs and p != 1.0 else None, list(d_ci) if d_ci else None, word,
                               mean(dense[(scale, family)]) if dense[(scale, family)] else None,
-                              mean(scratch[(scale, family, ratio)]) if scratch[(scale, family, ratio)] else None))
+                              mean(scratch[(scale, family, ratio)]) if scratch[(scale, family, ratio)] else None,
+                              margin))
     return out
 
 
@@ -86,24 +110,27 @@ def timing(runs: list[Run], tolerance: float) -> list[Timing]:
 
 
 def _x(r: Run) -> tuple[float, float] | None:
-    """(tokens per parameter, parameters) of the dense model a pruned run came from."""
+    """(training tokens per non-embedding parameter, non-embedding parameters) of the dense model a pruned run came
+    from."""
     try:
-        params = float(r.metrics["params_dense"])
+        params = float(r.metrics["params_dense_nonembedding"])
         tokens = float(r.params["steps"]) * float(r.params["batch_size"]) * float(r.params["seq_len"])
     except (KeyError, ValueError):
         return None
     return tokens / params, params
 
 
-def gap_points(runs: list[Run]) -> dict:
+def gap_points(runs: list[Run], exclude: frozenset = frozenset()) -> dict:
     """(family, ratio, control) -> [(cell, tokens per parameter, parameters, [control − pruned per seed])] on the
-    primary comparison after the recovery fine-tune."""
+    primary comparison after the recovery fine-tune; cells in `exclude` ((cell, family) pairs) left out."""
     key = f"final/{PRIMARY['eval_set']}/loss"
     controls = control_runs(runs)
     out = defaultdict(list)
     for gkey, by_seed in by_scale(pruned_groups(runs)):
         scale, family, ratio, method, scope, schedule = gkey
         if (method, scope, schedule) != (PRIMARY["method"], PRIMARY["scope"], PRIMARY["schedule"]):
+            continue
+        if (scale, family) in exclude:
             continue
         x = _x(by_seed[min(by_seed)])
         if x is None:
@@ -117,56 +144,63 @@ def gap_points(runs: list[Run]) -> dict:
     return out
 
 
-def _ols(xs: list[float], ys: list[float]):
-    """(intercept, slope, slope's standard error or None)."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    a = my - b * mx
-    if n < 3:
-        return a, b, None
-    resid = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys))
-    return a, b, math.sqrt(resid / (n - 2) / sxx)
+def fieller(y0: float, b: float, n_g: int, sxx: float, s2: float, q: float) -> tuple[float, float] | None:
+    """The 95% set of u (x − the group's mean x) where the group's line ȳ_g + b·u is 0: {u : (ȳ_g + b u)² ≤
+    q² s² (1/n_g + u²/Sxx)}, with ȳ_g and b independent (least squares). A bounded interval when the slope is
+    significant (b² > q² s²/Sxx); None otherwise (the set is unbounded: no crossover can be placed)."""
+    a2 = b * b - q * q * s2 / sxx
+    if a2 <= 0:
+        return None
+    a1 = 2 * y0 * b
+    a0 = y0 * y0 - q * q * s2 / n_g
+    disc = a1 * a1 - 4 * a2 * a0
+    if disc < 0:
+        return None
+    r = math.sqrt(disc)
+    return ((-a1 - r) / (2 * a2), (-a1 + r) / (2 * a2))
 
 
-def fit_trend(cells: list[tuple[float, list[float]]], draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> dict | None:
-    """cells: (log10 x, [gap per seed]). The fitted slope (per decade) with its t-interval, the crossover (log10 x
-    where the line is 0, None outside the cells' range) with its bootstrap interval; None with fewer than two
-    distinct x or three points."""
-    import numpy as np
+def fit_cells(cells: list[tuple[str, float, float]]) -> dict | None:
+    """Least squares on cell means with one intercept per group and a common slope. cells: (group, x, ȳ). Returns
+    {"slope", "slope_ci95" (None without a residual degree of freedom), "df", "n_cells", "groups": {group:
+    {"intercept", "range", "n_cells", "crossover", "crossover_ci95", "established"}}}, or None when no group has
+    two distinct x (no slope)."""
     from scipy import stats
 
-    xs = [x for x, g in cells for _ in g]
-    ys = [y for _, g in cells for y in g]
-    if len({x for x, _ in cells}) < 2 or len(ys) < 3:
+    groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for g, x, y in cells:
+        groups[g].append((x, y))
+    means = {g: (sum(x for x, _ in v) / len(v), sum(y for _, y in v) / len(v)) for g, v in groups.items()}
+    sxx = sum((x - means[g][0]) ** 2 for g, v in groups.items() for x, _ in v)
+    if sxx <= 1e-12:
         return None
-    a, b, se = _ols(xs, ys)
-    slope_ci = None
-    if se is not None:
-        half = float(stats.t.ppf(0.975, len(ys) - 2)) * se
-        slope_ci = [b - half, b + half]
-    lo, hi = min(xs), max(xs)
-    cross = -a / b if b != 0 and lo <= -a / b <= hi else None
-    cross_ci = None
-    if cross is not None and min(len(g) for _, g in cells) >= MIN_BOOTSTRAP_SEEDS:
-        rng = np.random.default_rng(seed)
-        found = []
-        for _ in range(draws):
-            bx, by = [], []
-            for x, g in cells:
-                pick = rng.integers(0, len(g), len(g))
-                bx += [x] * len(g)
-                by += [g[i] for i in pick]
-            ba, bb, _ = _ols(bx, by)
-            if bb != 0:
-                found.append(-ba / bb)
-        if found:
-            q = np.percentile(found, [2.5, 97.5])
-            cross_ci = [float(q[0]), float(q[1])]
-    established = cross is not None and slope_ci is not None and (slope_ci[0] > 0 or slope_ci[1] < 0)
-    return {"slope": b, "slope_ci95": slope_ci, "crossover": cross, "crossover_ci95": cross_ci, "range": [lo, hi],
-            "established": established}
+    sxy = sum((x - means[g][0]) * (y - means[g][1]) for g, v in groups.items() for x, y in v)
+    b = sxy / sxx
+    n, k = len(cells), len(groups)
+    df = n - k - 1
+    s2 = q = None
+    ci = None
+    if df >= 1:
+        rss = sum((y - means[g][1] - b * (x - means[g][0])) ** 2 for g, v in groups.items() for x, y in v)
+        s2 = rss / df
+        q = float(stats.t.ppf(0.975, df))
+        half = q * math.sqrt(s2 / sxx)
+        ci = [b - half, b + half]
+    significant = ci is not None and (ci[0] > 0 or ci[1] < 0)
+    out = {}
+    for g, v in groups.items():
+        mx, my = means[g]
+        lo, hi = min(x for x, _ in v), max(x for x, _ in v)
+        cross = mx - my / b if b != 0 else None
+        if cross is not None and not (lo <= cross <= hi and len(v) >= 2):
+            cross = None  # outside the swept range (a group of one cell has no range)
+        cci = None
+        if cross is not None and s2 is not None:
+            f = fieller(my, b, len(v), sxx, s2, q)
+            cci = [mx + f[0], mx + f[1]] if f else None
+        out[g] = {"intercept": my - b * mx, "range": [lo, hi], "n_cells": len(v), "crossover": cross,
+                  "crossover_ci95": cci, "established": bool(cross is not None and significant and cci is not None)}
+    return {"slope": b, "slope_ci95": ci, "df": df, "n_cells": n, "groups": out}
 
 
 def _power(v: float | None) -> float | None:
@@ -176,21 +210,63 @@ def _power(v: float | None) -> float | None:
     return 10.0 ** v
 
 
-def trends(runs: list[Run]) -> list[Trend]:
-    """Per (family, ratio, control) and axis, the fitted trend of the primary gap over the sweep's cells."""
+def _group_rows(f: dict) -> list[dict]:
+    return [{"group": g, "n_cells": v["n_cells"], "x_range": [_power(v["range"][0]), _power(v["range"][1])],
+             "intercept": v["intercept"], "crossover": _power(v["crossover"]),
+             "crossover_ci95": [_power(v["crossover_ci95"][0]), _power(v["crossover_ci95"][1])]
+             if v["crossover_ci95"] else None, "established": v["established"]} for g, v in f["groups"].items()]
+
+
+def _all_cells(pts: list, axis: str) -> list[tuple[str, float, float]]:
+    if axis == "tokens_per_param":
+        return [(split_label(c)[0], math.log10(tpp), mean(g)) for c, tpp, _, g in pts]
+    return [(str(split_label(c)[1]), math.log10(p), mean(g)) for c, _, p, g in pts]
+
+
+def trends(runs: list[Run], exclude: frozenset = frozenset(), unverified: frozenset = frozenset()) -> list[Trend]:
+    """Per (family, ratio, control), the budget trend within scales and, with three or more scales, the size trend
+    across scales (module docstring). `exclude`: (cell, family) pairs whose trust checks failed (left out, listed);
+    `unverified`: pairs with checks that could not run (used, listed)."""
     out = []
-    for (family, ratio, control), pts in sorted(gap_points(runs).items()):
+    all_pts = gap_points(runs)
+    kept_pts = gap_points(runs, exclude)
+    for (family, ratio, control), pts in sorted(all_pts.items()):
+        left_out = sorted({c for c, *_ in pts if (c, family) in exclude}, key=scale_rank)
+        used = kept_pts.get((family, ratio, control), [])
         points = []
         for cell, tpp, params, gaps in pts:
             ci = t_interval(gaps)
-            points.append(TrendPoint(cell, tpp, params, len(gaps), mean(gaps), list(ci) if ci else None))
+            points.append(TrendPoint(cell, tpp, params, len(gaps), mean(gaps), list(ci) if ci else None,
+                                     (cell, family) not in exclude))
+        shaky = sorted({c for c, *_ in used if (c, family) in unverified}, key=scale_rank)
         for axis in AXES:
-            cells = [(math.log10(tpp if axis == "tokens_per_param" else params), gaps) for _, tpp, params, gaps in pts]
-            f = fit_trend(cells)
+            cells = _all_cells(used, axis)
+            f = fit_cells(cells)
+            if axis == "params":
+                if len({split_label(c)[0] for c, *_ in pts}) < MIN_SCALES_ACROSS:
+                    continue
+                if len({split_label(c)[0] for c, *_ in used}) < MIN_SCALES_ACROSS:
+                    f = None  # the left-out cells took a scale the size trend needs
             if f is None:
+                if left_out and fit_cells(_all_cells(pts, axis)) is not None:  # the left-out cells took the fit
+                    out.append(Trend(family, ratio, control, axis, None, None, None, None, False,
+                                     [_power(min(x for _, x, _ in _all_cells(pts, axis))),
+                                      _power(max(x for _, x, _ in _all_cells(pts, axis)))], points,
+                                     "within_scales" if axis == "tokens_per_param" else "across_scales", 0,
+                                     len(used), left_out, shaky, [],
+                                     f"cells left out (trust checks failed): {', '.join(left_out)}; the rest cannot "
+                                     "give a slope"))
                 continue
-            ci = f["crossover_ci95"]
-            out.append(Trend(family, ratio, control, axis, f["slope"], f["slope_ci95"], _power(f["crossover"]),
-                             [_power(ci[0]), _power(ci[1])] if ci else None, f["established"],
-                             [10 ** f["range"][0], 10 ** f["range"][1]], points))
+            groups = _group_rows(f)
+            one = groups[0] if len(groups) == 1 else None
+            note = None
+            if f["slope_ci95"] is None:
+                note = (f"{f['n_cells']} cells in {len(groups)} group(s) leave no residual degree of freedom: "
+                        "a slope, no interval")
+            xs = [x for _, x, _ in cells]
+            out.append(Trend(family, ratio, control, axis, f["slope"], f["slope_ci95"],
+                             one["crossover"] if one else None, one["crossover_ci95"] if one else None,
+                             any(g["established"] for g in groups), [_power(min(xs)), _power(max(xs))], points,
+                             "within_scales" if axis == "tokens_per_param" else "across_scales", f["df"],
+                             f["n_cells"], left_out, shaky, groups, note))
     return out

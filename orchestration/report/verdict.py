@@ -11,14 +11,16 @@ from lightning_modules.config import DEFAULT_TOLERANCE, HeadroomInputError
 from ..plan import scale_rank
 from ..spec import TrustSpec
 from .analysis import PRIMARY, best_methods, comparisons, prunable, prunable_fractions, prune_curves
-from .diagnostics import Diagnostic, diagnose, untrustworthy
+from .diagnostics import Diagnostic, diagnose, untrustworthy, unverified
 from .read import SweepRuns, Windows
 from .render import fmt_ci, fmt_p
-from .rows import Comparison, Cost, CurvePoint, EvalInfo, LearningRate, Prunable, ScaleTrend, Timing, Trend
-from .summaries import across_scales, costs, evaluation_info, learning_rates, probes, scale_params
+from .rows import Comparison, Cost, CurvePoint, EvalInfo, LearningRate, Prunable, Timing, Trend
+from .summaries import costs, evaluation_info, learning_rates, probes
 from .trends import timing, trends
 
 CONTROL_NAMES = {"scratch_e": "Scratch-E", "scratch_b": "Scratch-B", "wide": "wide"}
+STATE_WORDS = {"passed": "passed", "failed": "**failed**", "not_applicable": "not applicable",
+               "could_not_run": "**could not run**"}
 VERDICTS = ("supported", "refuted", "inconclusive", "insufficient_seeds")
 
 
@@ -31,7 +33,6 @@ class Report:
     curves: list[CurvePoint]
     fractions: dict  # (scale, family, method, scope, schedule, eval set) -> prunable fraction
     best: dict  # (scale, family, ratio, scope, schedule) -> (method, val loss)
-    scales: list[ScaleTrend]
     costs: list[Cost]
     probes: dict
     diagnostics: list[Diagnostic] = field(default_factory=list)
@@ -47,7 +48,8 @@ class Report:
                 "prune_curves": [c.to_json() for c in self.curves],
                 "diagnostics": [d.to_json() for d in self.diagnostics],
                 "headline": [{"scale": s, "family": f, "headline": self.headline(s, f),
-                              "untrustworthy": bool(untrustworthy(self.diagnostics, s, f))}
+                              "untrustworthy": bool(untrustworthy(self.diagnostics, s, f)),
+                              "unverified": unverified(self.diagnostics, s, f)}
                              for s, f in self.scale_families()],
                 "learning_rates": [x.to_json() for x in self.learning_rates],
                 "evaluation": [e.to_json() for e in self.evaluation],
@@ -61,12 +63,16 @@ class Report:
         return sorted({(p.scale, p.family) for p in self.prunable}, key=lambda p: (scale_rank(p[0]), p))
 
     def headline(self, scale: str, family: str) -> str:
-        """The claim at one (scale, family): untrustworthy when a trust diagnostic failed; else half (1) at each
-        ratio and half (2) per control, naming the controls behind each word (Holm-adjusted over the scale's
-        primary comparisons)."""
+        """The claim at one (scale, family): untrustworthy when a trust diagnostic failed; unverified when one could
+        not run; else half (1) at each ratio and half (2) per control, naming the controls behind each word
+        (Holm-adjusted over the scale's primary comparisons)."""
         reasons = untrustworthy(self.diagnostics, scale, family)
         if reasons:
             return "untrustworthy: " + "; ".join(reasons)
+        missing = unverified(self.diagnostics, scale, family)
+        if missing:
+            return "unverified: " + ", ".join(missing) + " could not run (the comparisons are in the tables; no " \
+                   "verdict is stated on models whose training was not checked)"
         h1 = [p for p in self.prunable if (p.scale, p.family, p.method, p.scope, p.schedule, p.eval_set) ==
               (scale, family, PRIMARY["method"], PRIMARY["scope"], PRIMARY["schedule"], PRIMARY["eval_set"])]
         rows = [c for c in self.primary() if (c.scale, c.family) == (scale, family)]
@@ -85,7 +91,7 @@ class Report:
 def build(data: SweepRuns, windows: Windows | None = None) -> Report:
     """Every table of the report from the sweep's runs. Raises HeadroomInputError when no pruned run finished."""
     tol = data.spec.prune.tolerance if data.spec is not None else DEFAULT_TOLERANCE
-    final_drop = data.spec.trust.final_drop if data.spec is not None else TrustSpec().final_drop
+    trust = data.spec.trust if data.spec is not None else TrustSpec()
     runs = data.runs
     if not any(r.arm == "pruned" for r in runs):
         raise HeadroomInputError(f"sweep {data.sweep!r} (spec {data.spec_hash}) has no finished pruned run: "
@@ -95,10 +101,12 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
     h1 = prunable(runs, tol)
     scale_fams = sorted({(p.scale, p.family) for p in h1}, key=lambda p: (scale_rank(p[0]), p))
     order = sorted({r.scale for r in runs}, key=scale_rank)  # scale labels, smallest first (budgets within)
-    diags = diagnose(runs, data.histories, scale_fams, order, PRIMARY["method"], final_drop)
-    return Report(data, tol, comps, h1, curves, prunable_fractions(curves, tol), best_methods(runs),
-                  across_scales(comps, scale_params(runs)), costs(runs), probes(data), diags, learning_rates(runs),
-                  evaluation_info(runs), timing(runs, tol), trends(runs))
+    diags = diagnose(runs, scale_fams, order, PRIMARY["method"], trust.margin, trust.doubling_gain)
+    failed = frozenset(k for k in scale_fams if untrustworthy(diags, *k))
+    shaky = frozenset(k for k in scale_fams if unverified(diags, *k))
+    return Report(data, tol, comps, h1, curves, prunable_fractions(curves, tol), best_methods(runs), costs(runs),
+                  probes(data), diags, learning_rates(runs), evaluation_info(runs), timing(runs),
+                  trends(runs, failed, shaky))
 
 
 def headline_metrics(rep: Report) -> dict[str, float]:
@@ -123,7 +131,8 @@ def headline_markdown(rep: Report, report_path: str) -> str:
         out += [f"### {scale} {family}", "", f"**{rep.headline(scale, family)}**", ""]
         rows = [c for c in rep.primary() if (c.scale, c.family) == (scale, family)]
         if rows:
-            out += ["| ratio | control | verdict | pruned − control (nats/token) | 95% CI | p (Holm) | seeds |",
+            out += ["| ratio | control | verdict | control − pruned (nats/token; > 0: pruning wins) | 95% CI "
+                    "| p (Holm) | seeds |",
                     "|---|---|---|---|---|---|---|"]
             out += [f"| {c.ratio:g} | {CONTROL_NAMES[c.control]} | {c.verdict.replace('_', ' ')} | "
                     f"{c.diff_mean:+.4f} | {fmt_ci(c.ci95)} | {fmt_p(c.p_holm)} | {c.n_seeds} |" for c in rows]
@@ -131,8 +140,7 @@ def headline_markdown(rep: Report, report_path: str) -> str:
         checks = [g for g in rep.diagnostics if (g.scale, g.family) == (scale, family)]
         if checks:
             out.append("Trust diagnostics:")
-            word = {True: "passed", False: "**failed**", None: "not checked"}
-            out += [f"- {g.check}: {word[g.passed]} — {g.detail}" for g in checks]
+            out += [f"- {g.check}: {STATE_WORDS[g.state]} — {g.detail}" for g in checks]
             out.append("")
     if rep.data.missing:
         out += [f"Partial: {len(rep.data.missing)} planned unit(s) missing.", ""]
@@ -152,8 +160,8 @@ def headline_table(rep: Report) -> str:
                                  f"diff {d.diff_mean:+.4f} CI {fmt_ci(d.ci95)} p_Holm {fmt_p(d.p_holm)} "
                                  f"(n={d.n_seeds})")
             for g in rep.diagnostics:
-                if (g.scale, g.family) == (scale, family) and g.passed is False:
-                    lines.append(f"      failed check {g.check}: {g.detail}")
+                if (g.scale, g.family) == (scale, family) and g.state in ("failed", "could_not_run"):
+                    lines.append(f"      {STATE_WORDS[g.state].strip('*')} check {g.check}: {g.detail}")
     else:  # no controls (a pretrained sweep): half (1) only
         for p in rep.prunable:
             if (p.scope, p.schedule, p.eval_set) == (PRIMARY["scope"], PRIMARY["schedule"], "id"):
