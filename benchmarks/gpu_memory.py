@@ -102,7 +102,8 @@ def main(argv=None) -> int:
     ok = all(r["eval_devices"] and set(r["eval_devices"]) == {want} and r["model_device_after_train"] == want
              and r["model_device_after_finetune"] == want for r in rows)
     out = {"benchmark": "gpu_memory", "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-           "torch": torch.__version__, "steps": args.steps, "rows": rows, "evaluation_on_device": ok}
+           "torch": torch.__version__, "steps": args.steps, "rows": rows, "evaluation_on_device": ok,
+           "goal": f"every final evaluation and recovery fine-tune on {want}", "meets_goal": ok}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(f"gpu_memory: evaluation on {want}: {ok}")

@@ -191,6 +191,8 @@ BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
                 "--compile-backend", "aot_eager"],
 }
 GPU_BENCHMARKS = {  # `headroom bench --gpu`: the GPU questions, sized to fit a few minutes of one GPU
+    # peak memory per configuration, and every evaluation on cuda (fails otherwise)
+    "gpu_memory": ["--steps", "30"],
     # MFU at l and xl (and the Lightning ÷ plain-loop ratio at m)
     "train_overhead": ["--scale", "m", "--steps", "120", "--warmup", "20", "--repeats", "5", "--mfu-scales", "l,xl",
                        "--mfu-steps", "60"],

@@ -120,10 +120,11 @@ def test_compute_share_through_headroom_bench(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads((tmp_path / "compute_share.json").read_text())
     assert res["benchmark"] == "compute_share" and res["goal"] == 0.6 and res["size"] == "tiny"
-    # 1 scale × 1 seed × (dense, 2 controls) trained, 1 dense × 2 methods pruned (quickstart's arms)
-    assert res["trials"] == len(res["samples"]) == 3 + 2
-    assert sorted(s["stage"] for s in res["samples"]) == ["prune"] * 2 + ["train"] * 3
-    _check_median(res["median_ratio"], res["spread"], [s["share"] for s in res["samples"]], 5)
+    # 1 scale × 1 seed × (dense, its half-budget run, 2 controls) trained, 1 dense × 2 methods pruned (quickstart's
+    # arms)
+    assert res["trials"] == len(res["samples"]) == 4 + 2
+    assert sorted(s["stage"] for s in res["samples"]) == ["prune"] * 2 + ["train"] * 4
+    _check_median(res["median_ratio"], res["spread"], [s["share"] for s in res["samples"]], 6)
     assert res["meets_goal"] in VERDICTS
     # the pooled share weighs each trial's share by its seconds
     assert res["pooled_ratio"] == pytest.approx(sum(s["share"] * s["trial_s"] for s in res["samples"])
@@ -181,3 +182,27 @@ def test_fault_campaign_refuses_bad_input_with_one_line(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "inside the repository" in r.stderr
     assert not (tmp_path / "f.json").exists()
+
+
+def test_gpu_memory_writes_json_and_the_gpu_check_refuses_a_machine_without_cuda(tmp_path):
+    """The GPU check's memory script runs on the CPU at tiny size (devices only: a CPU has no allocator peak) and
+    asserts where evaluation ran; the GPU check itself says in one line that there is no GPU, exit 2."""
+    out = tmp_path / "gpu_memory.json"
+    r = subprocess.run([sys.executable, "benchmarks/gpu_memory.py", "--device", "cpu", "--configs",
+                        "xs:2:16:bf16-mixed", "--steps", "4", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    (row,) = res["rows"]
+    assert res["benchmark"] == "gpu_memory" and res["evaluation_on_device"] is True
+    assert row["eval_devices"] == ["cpu"] and row["model_device_after_finetune"] == "cpu"
+    assert row["peak_bytes_train_and_eval"] is None and row["params"] > 0
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        r = subprocess.run(["bash", "benchmarks/gpu_check.sh", str(tmp_path / "gpu")], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "PYTHON": sys.executable})
+        assert r.returncode == 2
+        assert r.stderr.strip().splitlines() == ["gpu_check: no CUDA GPU is visible on this machine"]

@@ -61,13 +61,13 @@ def test_the_faulted_sweep_loses_and_duplicates_nothing(campaign):
     tests/test_sweep.py; MLflow restarts, about 50 s more, in the full campaign)."""
     assert campaign["faults_injected"] == 3, campaign["faults"]
     assert {f["kind"] for f in campaign["faults"]} == {"worker", "postgres", "s3"}
-    # 20 units and 2 searches × 2 lr candidates
-    assert campaign["units_expected"] == 24 and campaign["parent_runs"] == 1
+    # 21 units (one a half-budget dense run) and 2 searches × 2 lr candidates
+    assert campaign["units_expected"] == 25 and campaign["parent_runs"] == 1
     bad = {k: campaign[k] for k in ("units_lost", "duplicate_runs", "duplicate_steps", "missing_steps",
                                     "missing_artifacts")}
     assert bad == dict.fromkeys(bad, 0), {k: campaign[k] for k in ("lost", "duplicated", "duplicated_steps",
                                                                   "missing", "missing_files")}
-    assert campaign["units_finished"] == 24 and campaign["meets_goal"] is True
+    assert campaign["units_finished"] == 25 and campaign["meets_goal"] is True
     # the recovery times are samples: their median and spread, each fault's time kept
     rec = [f["recovery_s"] for f in campaign["faults"]]
     assert [s["recovery_s"] for s in campaign["samples"]] == rec and campaign["spread"]["n"] == 3

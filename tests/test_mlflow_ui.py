@@ -56,7 +56,8 @@ def test_children_say_what_they_are_and_link_their_dense_run(smoke):
     _, children = split(runs_of(c, "smoke"))
     dense = {(t["headroom.scale"], t["headroom.family"], t["headroom.seed"], t["headroom.steps"]): r.info.run_id
              for r in children if (t := r.data.tags)["headroom.arm"] == "dense"}
-    first = {"dense": "Dense", "pruned": "Pruned", "scratch_e": "Scratch-E", "scratch_b": "Scratch-B"}
+    first = {"dense": "Dense", "pruned": "Pruned", "scratch_e": "Scratch-E", "scratch_b": "Scratch-B",
+             "dense_half": "Half-budget dense run"}
     for r in children:
         t = r.data.tags
         if t["headroom.stage"] == "lr_search":

@@ -68,18 +68,19 @@ def test_smoke_sweep_one_parent_and_every_unit_a_child_with_the_contract(smoke):
     assert {"version/torch", "version/ray", "version/mlflow", "version/transformers"} <= set(parent.data.params)
     arts = {a.path for a in c.list_artifacts(parent.info.run_id, "sweep")}
     assert arts == {"sweep/smoke.yaml", "sweep/resolved.json"}
-    # 2 architectures (8 and 4 heads) × 2 lr candidates; 2 budgets × 2 seeds × (dense, scratch_e, scratch_b);
-    # × 2 methods pruned
+    # 2 architectures (8 and 4 heads) × 2 lr candidates; 2 budgets × 2 seeds × (dense, scratch_e, scratch_b) and
+    # one half-budget dense run (T20, seed 0: the converged check); × 2 methods pruned
     by_stage = {}
     for r in children:
         assert r.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert all(r.data.tags.get(f"headroom.{t}") for t in TAGS), r.data.tags
         by_stage.setdefault(r.data.tags["headroom.stage"], []).append(r)
-    assert {k: len(v) for k, v in by_stage.items()} == {"lr_search": 4, "train": 12, "prune": 8}
+    assert {k: len(v) for k, v in by_stage.items()} == {"lr_search": 4, "train": 13, "prune": 8}
     keys = [r.data.tags["headroom.key"] for r in children]
     assert len(set(keys)) == len(keys)
     arms = sorted((r.data.tags["headroom.arm"], r.data.tags["headroom.family"]) for r in by_stage["train"])
-    assert arms == sorted([(a, f) for a in ("dense", "scratch_e", "scratch_b") for f in ("decoder",)] * 4)
+    assert arms == sorted([(a, f) for a in ("dense", "scratch_e", "scratch_b") for f in ("decoder",)] * 4
+                          + [("dense_half", "decoder")])
     for r in by_stage["train"] + by_stage["prune"]:
         m, t = r.data.metrics, r.data.tags
         assert r.info.status == "FINISHED"
@@ -88,7 +89,9 @@ def test_smoke_sweep_one_parent_and_every_unit_a_child_with_the_contract(smoke):
         assert m["cost/cpu_s"] > 0 and m["cost/gpu_s"] == 0 and m["params"] > 0 and m["flops_per_token"] > 0
         assert t["headroom.scale"] == "xs" and t["headroom.seed"] in ("0", "1") and t["headroom.steps"] in ("20", "40")
         assert t["headroom.prune_at"] == ("none" if t["headroom.stage"] == "train" else t["headroom.prune_at"])
-        if t["headroom.arm"] == "dense":
+        # every run evaluated where it trained, at the one declared precision
+        assert (r.data.params["eval_device"], r.data.params["eval_precision"]) == ("cpu", "32-true")
+        if t["headroom.arm"] in ("dense", "dense_half"):
             assert (t["headroom.heads"], t["headroom.method"], t["headroom.ratio"]) == ("8", "none", "none")
         else:
             assert t["headroom.ratio"] == "0.5"
@@ -103,8 +106,11 @@ def test_smoke_sweep_one_parent_and_every_unit_a_child_with_the_contract(smoke):
         assert "prune_curve.png" in files  # the mask-only curve of the trained model
     assert sorted(r.data.tags["headroom.prune_at"] for r in by_stage["prune"]) == ["1"] * 8
     for r in by_stage["train"]:
-        if r.data.tags["headroom.arm"] != "dense":
+        if r.data.tags["headroom.arm"] not in ("dense", "dense_half"):
             assert r.data.tags["headroom.heads"] == "4" and r.data.tags["headroom.method"] == "none"
+    half = next(r for r in by_stage["train"] if r.data.tags["headroom.arm"] == "dense_half")
+    assert (half.data.params["steps"], half.data.tags["headroom.steps"], half.data.tags["headroom.seed"]) == (
+        "10", "20", "0")
 
 
 def test_smoke_sweep_logs_every_training_step_once(smoke):
@@ -114,9 +120,10 @@ def test_smoke_sweep_logs_every_training_step_once(smoke):
         if r.data.tags["headroom.stage"] != "train":
             continue
         T = int(r.data.params["steps"])
+        every = min(20, T)  # the half-budget run (10 steps) validates at its end
         assert steps_of(c, r) == list(range(1, T + 1)), r.info.run_name
-        assert steps_of(c, r, "val/loss") == [s for s in range(20, T + 1, 20)]
-        assert r.data.params["val_every"] == "20"  # what the fault campaign's audit checks the steps against
+        assert steps_of(c, r, "val/loss") == [s for s in range(every, T + 1, every)]
+        assert r.data.params["val_every"] == str(every)  # what the fault campaign's audit checks the steps against
 
 
 def test_smoke_scratch_b_gets_the_compute_of_the_pruned_arm(smoke):
@@ -129,7 +136,8 @@ def test_smoke_scratch_b_gets_the_compute_of_the_pruned_arm(smoke):
         if r.data.tags["headroom.arm"] == "scratch_b":
             fam = r.data.tags["headroom.family"]
             T = int(r.data.tags["headroom.steps"])
-            want = scratch_b_steps(model_config_for("xs", fam, 8), model_config_for("xs", fam, 4), T, 10, 64)
+            # the pruned arm's recovery: 10 fine-tune steps at each of the 3 candidate rates it chose among
+            want = scratch_b_steps(model_config_for("xs", fam, 8), model_config_for("xs", fam, 4), T, 3 * 10, 64)
             assert int(r.data.params["steps"]) == want > T
 
 
@@ -169,10 +177,10 @@ def test_smoke_lr_search_feeds_the_train_stage(smoke):
 
 def test_smoke_sweep_prints_progress_and_summary(smoke):
     out = smoke["stdout"]
-    assert "[headroom] train: 12 trial(s)" in out and "[headroom] prune: 8 trial(s)" in out
+    assert "[headroom] train: 13 trial(s)" in out and "[headroom] prune: 8 trial(s)" in out
     assert "mean final loss" in out and "pruned:gradient" in out and "scratch_b" in out
     assert "verdict of sweep smoke" in out
-    assert re.search(r"plan: 22 unit\(s\) checked on the meta device", out)  # 2 searches, 12 trained, 8 pruned
+    assert re.search(r"plan: 23 unit\(s\) checked on the meta device", out)  # 2 searches, 13 trained, 8 pruned
     assert re.search(r"wall time \d+ s: lr_search \d+ s, train \d+ s, prune \d+ s", out)
     # medians over trials, recomputed here from the runs' own timings in MLflow (lr candidates ASHA stopped early
     # report none)
@@ -180,9 +188,9 @@ def test_smoke_sweep_prints_progress_and_summary(smoke):
     timed = [r.data.metrics for r in children if r.info.status == "FINISHED" and "cost/train_s" in r.data.metrics]
     shares = [sum(m.get(f"cost/{k}", 0.0) for k in ("train_s", "eval_s", "score_s")) / m["cost/wall_s"] for m in timed]
     m = re.search(r"compute share: median (\d+)% of a trial \(IQR (\d+)%–(\d+)%, (\d+) trials\)", out)
-    assert m and int(m.group(4)) == len(shares) and 20 <= len(shares) <= 24
+    assert m and int(m.group(4)) == len(shares) and 21 <= len(shares) <= 25
     assert f"{statistics.median(shares):.0%}" == f"{m.group(1)}%" and int(m.group(2)) <= int(m.group(1)) <= int(m.group(3))
-    by_stage = re.search(r"trial seconds, median \(IQR\) over trials: .*train ([\d.]+) s \([\d.]+–[\d.]+; 12 trials\), "
+    by_stage = re.search(r"trial seconds, median \(IQR\) over trials: .*train ([\d.]+) s \([\d.]+–[\d.]+; 13 trials\), "
                          r"prune ([\d.]+) s \([\d.]+–[\d.]+; 8 trials\)", out)
     assert by_stage
     train_s = [r.data.metrics["cost/wall_s"] for r in children if r.data.tags["headroom.stage"] == "train"]
@@ -256,7 +264,7 @@ def test_smoke_rerun_creates_no_runs(smoke):
     before = {r.info.run_id: (r.info.status, r.info.end_time) for r in runs_of(c, "smoke")}
     r = run_sweep(smoke["cwd"], ROOT / "sweeps" / "smoke.yaml")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "all 12 unit(s) finished already" in r.stdout and "all 8 unit(s) finished already" in r.stdout
+    assert "all 13 unit(s) finished already" in r.stdout and "all 8 unit(s) finished already" in r.stdout
     after = {r.info.run_id: (r.info.status, r.info.end_time) for r in runs_of(c, "smoke")}
     children = {k: v for k, v in after.items() if k in before}
     assert set(after) == set(before)
@@ -280,7 +288,8 @@ controls: [scratch_e]
 retries: 2
 """
 FAULT_STEP = 25
-UNITS = 14  # 2 dense, 2 scratch_e (per_layer), 8 pruned (2 scopes × 2 timings), 2 scratch_e of the global prunes
+UNITS = 15  # 2 dense, 1 half-budget dense, 2 scratch_e (per_layer), 8 pruned (2 scopes × 2 timings), 2 scratch_e of
+# the global prunes
 
 
 def _descendants(pid):

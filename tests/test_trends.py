@@ -360,3 +360,17 @@ def test_a_trend_whose_cells_all_failed_their_checks_says_so():
     (row,) = [t for t in trends(sweep_runs(lambda sc, T, s: 0.01 * s, shape=shape), exclude)
               if t.axis == "tokens_per_param"]
     assert row.slope is None and row.excluded == ["xs-T100", "xs-T300"] and "left out" in row.note
+
+
+def test_the_former_budget_sweep_refits_to_an_independent_reanalysis():
+    """The six Scratch-E cell means README reported before this fit changed (xs and s at 100/300/900 steps), refitted:
+    one intercept per scale gives −0.101 [−0.178, −0.025] per decade and one intercept for all [−0.107, +0.044] —
+    the numbers an independent re-analysis of that sweep computed by hand (to the cell means' rounding)."""
+    tpp = {"xs": (1.4, 4.2, 12.5), "s": (0.11, 0.32, 0.97)}
+    gap = {"xs": (-0.001, -0.026, -0.093), "s": (-0.007, -0.014, -0.108)}
+    cells = [(sc, math.log10(x), y) for sc in tpp for x, y in zip(tpp[sc], gap[sc])]
+    within = fit_cells(cells)
+    assert within["df"] == 3 and within["slope"] == pytest.approx(-0.101, abs=0.002)
+    assert within["slope_ci95"] == pytest.approx([-0.178, -0.025], abs=0.002)
+    pooled = fit_cells([("all", x, y) for _, x, y in cells])
+    assert pooled["slope_ci95"] == pytest.approx([-0.107, 0.044], abs=0.001)
