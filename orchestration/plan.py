@@ -200,8 +200,8 @@ class Unit:
                          f"run's steps, {steps} ({what}).",
             "scratch_b": f"Scratch-B control: the pruned architecture ({heads}) trained from scratch until its "
                          f"training FLOPs match dense training plus fine-tuning, {steps} ({what}).",
-            "wide": f"wide control: {heads} with head_dim d_model/heads (the usual fewer-heads model), trained "
-                    f"from scratch for {steps} ({what}).",
+            "wide": f"wide control: {heads} of {self.model.head_dim} dims, as wide as the dense model's attention "
+                    f"allows (the usual fewer-heads model), trained from scratch for {steps} ({what}).",
         }[self.arm]
 
     def params(self) -> dict[str, str]:

@@ -48,7 +48,7 @@ def timing_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
 def _crossovers(t) -> str:
     out = []
     for g in t.groups or []:
-        label = g["group"] if t.fit == "within_scales" else f"T{g['group']}" if g["group"] != "None" else "—"
+        label = g["group"] if t.fit == "within_scales" else f"T{t.budget}" if t.budget else "all scales"
         if g["crossover"] is None:
             lo, hi = g["x_range"]
             out.append(f"{label}: none within {_num(lo, '{:.3g}')}–{_num(hi, '{:.3g}')}")
@@ -89,7 +89,10 @@ def across_scales_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
               f"{len(scales)}: {', '.join(scales) or 'none'}); with two, any difference between two architectures "
               f"would be read as an effect of size. The per-cell gaps are in sections 3 and 6b.")
         return
-    doc.p("The primary gap against log10 non-embedding parameters, one intercept per training budget. " + FIT_TEXT)
+    doc.p("The primary gap against log10 non-embedding parameters, one fit per training budget (step count) with "
+          "three or more scales, one cell per scale: the scales are the independent units, n_scales − 2 degrees "
+          "of freedom. At one step count the tokens per parameter fall as the size grows, so this slope mixes size "
+          "with budget; the within-scale slope (6b) says how much the budget alone moves the gap. " + FIT_TEXT)
     path = plots_dir / "trend_params.png"
     plots.trend_plot(rep.trends, "params", path)
     doc.img(path, "Primary gap against model size with the fitted lines")

@@ -191,6 +191,7 @@ class Trend:
     unverified_cells: list[str] | None = None  # cells used whose checks could not run
     groups: list[dict] | None = None  # per group: intercept, range, crossover, its interval, established
     note: str | None = None
+    budget: int | None = None  # across_scales: the step count of the scales fitted (None: a single-budget sweep)
 
     def to_json(self) -> dict:
         d = asdict(self)

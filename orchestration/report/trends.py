@@ -16,9 +16,11 @@ and the fit is least squares on cell means with one intercept per group and a co
   parameter of the dense model; Kaplan et al. 2020's N), one intercept per scale. The slope is how the gap
   changes per decade of budget inside a scale, with scale differences absorbed by the intercepts (and with them
   each seed's shared effect across its scale's budgets).
-- size across scales (axis `params`, fit `across_scales`): x = log10 non-embedding parameters, one intercept per
-  budget label; given only when at least three scales are fitted (with two, any difference between two
-  architectures would be read as a size effect).
+- size across scales (axis `params`, fit `across_scales`): per budget (step count) with at least three scales, x =
+  log10 non-embedding parameters, one cell per scale (the scales are the independent units: a scale's offset is
+  shared by all its budgets, so pooling budgets would count it several times), n_scales − 2 degrees of freedom.
+  With two scales any difference between two architectures would be read as a size effect. At one step count the
+  tokens per parameter fall as the size grows, so this slope mixes size with budget, and the row says so.
 
 The slope's 95% interval is Student-t on n_cells − n_groups − 1 degrees of freedom (the residual scatter of the
 cell means, which holds the seed noise and the cell-level deviation alike); with no residual degree of freedom
@@ -44,6 +46,8 @@ from .stats import t_interval
 
 AXES = ("tokens_per_param", "params")
 MIN_SCALES_ACROSS = 3  # an across-scale slope needs three scales: two differ in more than size
+ACROSS_NOTE = ("at one step count the tokens per parameter fall as the size grows: this slope mixes size with "
+               "budget (the within-scale slope says how much the budget alone moves the gap)")
 TIMING_MARGIN = 0.5  # of the cell's |Scratch-E gap|: the equivalence margin of "matches"
 
 
@@ -223,10 +227,40 @@ def _all_cells(pts: list, axis: str) -> list[tuple[str, float, float]]:
     return [(str(split_label(c)[1]), math.log10(p), mean(g)) for c, _, p, g in pts]
 
 
+def _fit_row(family, ratio, control, axis, fit, pts, used, points, left_out, shaky, budget=None,
+             extra_note: str | None = None) -> Trend | None:
+    """One Trend row from the (group, x, ȳ) cells of `used` (all of `pts` when nothing is left out); a row with no
+    slope when the left-out cells took what a fit needs; None when even all cells give no fit."""
+    cells, every = _all_cells(used, axis), _all_cells(pts, axis)
+    if fit == "across_scales":  # one group: the scales at this budget are the independent units
+        cells, every = [("all", x, y) for _, x, y in cells], [("all", x, y) for _, x, y in every]
+    enough = fit != "across_scales" or len(cells) >= MIN_SCALES_ACROSS
+    f = fit_cells(cells) if enough else None
+    if f is None:
+        if left_out and fit_cells(every) is not None:  # the left-out cells took the fit
+            return Trend(family, ratio, control, axis, None, None, None, None, False,
+                         [_power(min(x for _, x, _ in every)), _power(max(x for _, x, _ in every))], points, fit, 0,
+                         len(used), left_out, shaky, [],
+                         f"cells left out (trust checks failed): {', '.join(left_out)}; the rest cannot give a slope",
+                         budget)
+        return None
+    groups = _group_rows(f)
+    one = groups[0] if len(groups) == 1 else None
+    notes = [extra_note] if extra_note else []
+    if f["slope_ci95"] is None:
+        notes.append(f"{f['n_cells']} cells in {len(groups)} group(s) leave no residual degree of freedom: a slope, "
+                     "no interval")
+    xs = [x for _, x, _ in cells]
+    return Trend(family, ratio, control, axis, f["slope"], f["slope_ci95"], one["crossover"] if one else None,
+                 one["crossover_ci95"] if one else None, any(g["established"] for g in groups),
+                 [_power(min(xs)), _power(max(xs))], points, fit, f["df"], f["n_cells"], left_out, shaky, groups,
+                 "; ".join(notes) or None, budget)
+
+
 def trends(runs: list[Run], exclude: frozenset = frozenset(), unverified: frozenset = frozenset()) -> list[Trend]:
-    """Per (family, ratio, control), the budget trend within scales and, with three or more scales, the size trend
-    across scales (module docstring). `exclude`: (cell, family) pairs whose trust checks failed (left out, listed);
-    `unverified`: pairs with checks that could not run (used, listed)."""
+    """Per (family, ratio, control): the budget trend within scales, and per budget with three or more scales the
+    size trend across them (module docstring). `exclude`: (cell, family) pairs whose trust checks failed (left
+    out, listed); `unverified`: pairs with checks that could not run (used, listed)."""
     out = []
     all_pts = gap_points(runs)
     kept_pts = gap_points(runs, exclude)
@@ -239,34 +273,20 @@ def trends(runs: list[Run], exclude: frozenset = frozenset(), unverified: frozen
             points.append(TrendPoint(cell, tpp, params, len(gaps), mean(gaps), list(ci) if ci else None,
                                      (cell, family) not in exclude))
         shaky = sorted({c for c, *_ in used if (c, family) in unverified}, key=scale_rank)
-        for axis in AXES:
-            cells = _all_cells(used, axis)
-            f = fit_cells(cells)
-            if axis == "params":
-                if len({split_label(c)[0] for c, *_ in pts}) < MIN_SCALES_ACROSS:
-                    continue
-                if len({split_label(c)[0] for c, *_ in used}) < MIN_SCALES_ACROSS:
-                    f = None  # the left-out cells took a scale the size trend needs
-            if f is None:
-                if left_out and fit_cells(_all_cells(pts, axis)) is not None:  # the left-out cells took the fit
-                    out.append(Trend(family, ratio, control, axis, None, None, None, None, False,
-                                     [_power(min(x for _, x, _ in _all_cells(pts, axis))),
-                                      _power(max(x for _, x, _ in _all_cells(pts, axis)))], points,
-                                     "within_scales" if axis == "tokens_per_param" else "across_scales", 0,
-                                     len(used), left_out, shaky, [],
-                                     f"cells left out (trust checks failed): {', '.join(left_out)}; the rest cannot "
-                                     "give a slope"))
+        row = _fit_row(family, ratio, control, "tokens_per_param", "within_scales", pts, used, points, left_out,
+                       shaky)
+        if row is not None:
+            out.append(row)
+        # across scales: one fit per budget (step count), one cell per scale
+        for budget in sorted({split_label(c)[1] for c, *_ in pts}, key=lambda b: b or 0):
+            at = [p for p in pts if split_label(p[0])[1] == budget]
+            if len({split_label(p[0])[0] for p in at}) < MIN_SCALES_ACROSS:
                 continue
-            groups = _group_rows(f)
-            one = groups[0] if len(groups) == 1 else None
-            note = None
-            if f["slope_ci95"] is None:
-                note = (f"{f['n_cells']} cells in {len(groups)} group(s) leave no residual degree of freedom: "
-                        "a slope, no interval")
-            xs = [x for _, x, _ in cells]
-            out.append(Trend(family, ratio, control, axis, f["slope"], f["slope_ci95"],
-                             one["crossover"] if one else None, one["crossover_ci95"] if one else None,
-                             any(g["established"] for g in groups), [_power(min(xs)), _power(max(xs))], points,
-                             "within_scales" if axis == "tokens_per_param" else "across_scales", f["df"],
-                             f["n_cells"], left_out, shaky, groups, note))
+            mine = [p for p in used if split_label(p[0])[1] == budget]
+            gone = [c for c in left_out if split_label(c)[1] == budget]
+            row = _fit_row(family, ratio, control, "params", "across_scales", at, mine,
+                           [p for p in points if split_label(p.cell)[1] == budget], gone, shaky, budget,
+                           ACROSS_NOTE)
+            if row is not None:
+                out.append(row)
     return out
