@@ -10,7 +10,11 @@ checkpoints and reporting. Beside it, the same work over the sweep's wall time Ã
 machine as a whole spent on the experiment (Ray's start, planning and the report included).
 
     python benchmarks/compute_share.py            # the quickstart as shipped (about 10 minutes on 2 cores)
-    python benchmarks/compute_share.py --tiny     # the quickstart at smoke size (CI: checks the JSON)
+    python benchmarks/compute_share.py --tiny     # the quickstart at smoke size
+    python benchmarks/compute_share.py --store sqlite:///mlflow.db --experiment smoke   # a sweep already run
+
+`--store` measures the trials of a sweep that has run (its newest parent; the sweep's wall time from the parent
+run's start and end): CI checks the JSON on the smoke sweep its other tests run anyway, not on a second sweep.
 """
 
 from __future__ import annotations
@@ -38,9 +42,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--sweep", default=str(ROOT / "sweeps" / "quickstart.yaml"), help="the sweep file to measure")
+    ap.add_argument("--store", help="an MLflow tracking URI whose sweep has run: measure its trials, run nothing")
+    ap.add_argument("--experiment", help="with --store: the sweep's name (its MLflow experiment)")
     ap.add_argument("--out", default="benchmarks/results/compute_share.json")
     args = ap.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if args.store:
+        if not args.experiment:
+            ap.error("--store needs --experiment")
+        wall, runs = read_store(args.store, args.experiment)
+        return write(args, args.experiment, "store", wall, runs)
 
     sweep, text = load_sweep(args.sweep)
     if args.tiny:  # one scale, one seed, a few steps: the same stages and arms
@@ -62,7 +73,25 @@ def main() -> int:
         wall, runs = got
     finally:
         os.chdir(cwd)
+    return write(args, sweep.name, "tiny" if args.tiny else "default", wall, runs)
 
+
+def read_store(uri: str, experiment: str) -> tuple[float, list]:
+    """(wall seconds of the newest parent run, its child runs) of a sweep recorded at `uri`."""
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        raise SystemExit(f"compute_share: no experiment {experiment!r} at {uri}")
+    runs = c.search_runs([exp.experiment_id], max_results=5000)
+    parents = [r for r in runs if r.data.tags.get("headroom.role") == "parent"]
+    parent = max(parents, key=lambda r: r.info.start_time)
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    return (parent.info.end_time - parent.info.start_time) / 1000, children
+
+
+def write(args, name: str, size: str, wall: float, runs: list) -> int:
     timed = [r for r in runs if has_timing(r.data.metrics)]
     share = compute_share([r.data.metrics for r in timed])
     samples = [{"stage": r.data.tags.get("headroom.stage"), "unit": r.data.tags.get("headroom.key"),
@@ -77,8 +106,8 @@ def main() -> int:
             by_stage[stage] = s
     result = {
         "benchmark": "compute_share",
-        "sweep": sweep.name,
-        "size": "tiny" if args.tiny else "default",
+        "sweep": name,
+        "size": size,
         "trials": share["trials"],
         "trial_s": share["trial_s"],
         "work_s": work_s,
