@@ -322,3 +322,18 @@ def test_best_method_is_chosen_on_val_and_a_failed_half_1_is_said(tmp_path):
     assert rep.headline("xs", "decoder").startswith("half (1): r0.5 not prunable; half (2):")
     md = render(rep, tmp_path).markdown(tmp_path)
     assert "| random (best on val) |" in md and "| gradient (best on val) |" not in md
+
+
+def test_the_parent_description_labels_its_differences_as_they_are(planted):
+    """The parent run's description (its MLflow note) holds control − pruned and says so: the planted Scratch-E
+    gap is +0.10 (pruning wins), and the column it sits in is labelled control − pruned (it read pruned − control)."""
+    from orchestration.report import build, load_sweep_runs
+    from orchestration.report.verdict import headline_markdown
+
+    uri, *_ = planted
+    rep = build(load_sweep_runs(uri, "planted"))
+    md = headline_markdown(rep, "report")
+    header = next(line for line in md.splitlines() if line.startswith("| ratio | control |"))
+    assert "control − pruned" in header and "pruned − control" not in md
+    row = next(line for line in md.splitlines() if line.startswith("| 0.5 | Scratch-E |"))
+    assert f"{statistics.fmean(GAP['scratch_e']):+.4f}" in row  # +0.1000: positive, pruning wins
