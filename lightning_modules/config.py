@@ -405,6 +405,11 @@ class PrunePlan(Strict):
         """The fine-tune rates to try: the fixed one, or the grid."""
         return (self.finetune_lr,) if self.finetune_lr is not None else tuple(self.finetune_lr_grid)
 
+    @property
+    def recovery_steps(self) -> int:
+        """Steps trained at the pruned size in recovery: F for each rate tried (Scratch-B's budget counts them all)."""
+        return self.finetune_steps * len(self.finetune_lrs)
+
     _method = field_validator("method")(classmethod(lambda cls, v: check_method(v)))
 
 

@@ -22,7 +22,7 @@ from .lm import HeadroomLM, eval_record, load_lm, optimizer_params
 from .models import count_parameters
 from .pruning import WorkTimer, evaluate_loss, forward_flops, recover, select_heads, split_windows
 from .scoring import LossFn, default_loss
-from .train import TrainClock, build_trainer
+from .train import TrainClock, build_trainer, fit
 
 
 def _order(model) -> list[str]:
@@ -98,12 +98,12 @@ def prune_and_continue(snapshot: str | os.PathLike, data, plan: PrunePlan, *, ev
         path = Path(d) / "continue.ckpt"
         torch.save(ck, path)
         trainer = build_trainer(train_cfg, None, callbacks=[clock], progress=progress)
-        trainer.fit(continued, datamodule=data, ckpt_path=str(path))
+        fit(trainer, continued, datamodule=data, ckpt_path=str(path))
     if trainer.interrupted:
         raise KeyboardInterrupt
     timer.s["train_s"] += clock.seconds
     timer.s["eval_s"] += clock.val_seconds
-    pruned = continued.model.to(trainer.strategy.root_device).eval()  # teardown left it on the CPU
+    pruned = continued.model.eval()
     with timer("eval_s"):
         pre_ft = {s: evaluate_loss(pruned, l, loss_fn, per_window=True) for s, l in loaders.items()}
         dense = ({s: {k: dense_eval[s][k] for k in ("loss", "ppl", "tokens")} for s in sets}

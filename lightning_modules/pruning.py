@@ -25,7 +25,7 @@ from .heads import attention_modules, head_gate, keep_mask, layer_heads, layer_s
 from .lm import HeadroomLM, eval_record, evaluate
 from .models import count_parameters
 from .scoring import LossFn, default_loss, score_heads
-from .train import TrainClock, build_trainer
+from .train import TrainClock, build_trainer, fit
 
 CURVE_RATIOS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 0.9
 
@@ -218,12 +218,11 @@ def finetune(model, data, steps: int, lr: float, base: TrainConfig, loss_fn: Los
     data.train_cfg = cfg
     data.samples_consumed = 0
     try:
-        trainer = build_trainer(cfg, None, progress=progress, callbacks=[clock] if clock is not None else ())
-        trainer.fit(lm, datamodule=data)
+        fit(build_trainer(cfg, None, progress=progress, callbacks=[clock] if clock is not None else ()), lm,
+            datamodule=data)
     finally:
         data.train_cfg = saved
-    # Lightning's teardown leaves the module on the CPU; the evaluation that follows runs where it trained
-    return lm.model.to(trainer.strategy.root_device).eval()
+    return lm.model.eval()
 
 
 def recover(pruned, data, plan: PrunePlan, loaders: dict, loss_fn, timer: WorkTimer, progress: bool = False):

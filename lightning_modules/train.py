@@ -139,6 +139,14 @@ def build_trainer(train_cfg: TrainConfig, checkpoint_dir: str | os.PathLike | No
     return trainer
 
 
+def fit(trainer: pl.Trainer, module: pl.LightningModule, **kwargs) -> None:
+    """`trainer.fit`, leaving the module on the device it trained on: Lightning's strategy teardown moves it to the
+    CPU at the end of fit, and every evaluation that follows (a final one, a fine-tune's, a continued prune's) must
+    run where the model trained."""
+    trainer.fit(module, **kwargs)
+    module.to(trainer.strategy.root_device)
+
+
 def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfig, *,
              checkpoint_dir: str | os.PathLike | None = None, ckpt_path: str | None = None, callbacks=(),
              logger=None, progress: bool = True, checkpoint_every: int | None = None,
@@ -165,15 +173,13 @@ def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfi
     trainer = build_trainer(train_cfg, checkpoint_dir, callbacks=[clock, curve, *callbacks], logger=logger,
                             progress=progress, checkpoint_every=checkpoint_every, distributed=distributed)
     t0 = time.time()
-    trainer.fit(lm, datamodule=dm, ckpt_path=ckpt_path)
+    fit(trainer, lm, datamodule=dm, ckpt_path=ckpt_path)
     wall = time.time() - t0
     if trainer.interrupted:
         raise KeyboardInterrupt
     if checkpoint_dir is not None:
         # the rolling checkpoint is written every k steps; the final state must be the one on disk
         trainer.save_checkpoint(str(Path(checkpoint_dir) / "last.ckpt"))
-    # Lightning's teardown moves the module back to the CPU after fit; evaluate where it trained
-    lm.to(trainer.strategy.root_device)
     t_eval = time.perf_counter()
     metrics = evaluate_all(lm.model, dm, train_cfg.eval_batches) if final_eval else {"final": {}}
     eval_s = time.perf_counter() - t_eval

@@ -190,22 +190,17 @@ BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
     "train_kernels": ["--steps", "6", "--warmup", "2", "--repeats", "1", "--batch-size", "4", "--seq-len", "32",
                 "--compile-backend", "aot_eager"],
 }
-GPU_BENCHMARKS = {  # `headroom bench --gpu`: the GPU questions, sized to fit a few minutes of one GPU
-    # peak memory per configuration, and every evaluation on cuda (fails otherwise)
-    "gpu_memory": ["--steps", "30"],
-    # MFU at l and xl (and the Lightning ÷ plain-loop ratio at m)
-    "train_overhead": ["--scale", "m", "--steps", "120", "--warmup", "20", "--repeats", "5", "--mfu-scales", "l,xl",
-                       "--mfu-steps", "60"],
-    # batched ablation vs one mask per pass: goal ≥ 3× on a GPU
-    "ablation_batched": ["--scale", "l", "--batches", "2", "--batch-size", "8", "--seq-len", "256",
-                         "--max-rows", "256", "--device", "cuda", "--repeats", "5"],
-    # what SDPA, torch.compile, bf16-mixed and fused AdamW each buy in a training step
-    "train_kernels": ["--scale", "l", "--steps", "30", "--warmup", "10", "--repeats", "5", "--batch-size", "16",
-                "--seq-len", "512"],
-    # pruned latency vs the FLOP prediction at batch 64 in bf16: goal within 10%
-    "prune_speed": ["--scale", "l", "--batch-size", "64", "--seq-len", "512", "--dtype", "bfloat16",
-                    "--device", "cuda", "--repeats", "15", "--passes", "10", "--warmup", "2"],
-}
+# `headroom bench --gpu`: the GPU questions, sized to fit a few minutes of one GPU, declared once in
+# benchmarks/gpu_sizes.json (benchmarks/gpu_check.sh reads the same file): MFU at l and xl, batched ablation,
+# pruned latency in bf16, kernel choices, and peak memory with every evaluation on cuda
+GPU_SIZES = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sizes.json"
+
+
+def gpu_benchmarks() -> dict[str, list[str]]:
+    """name -> arguments of each GPU benchmark (none where benchmarks/ is not beside the package)."""
+    if not GPU_SIZES.is_file():
+        return {}
+    return {k: v["args"] for k, v in json.loads(GPU_SIZES.read_text()).items() if k != "_doc"}
 
 
 def _add_bench(sub) -> None:
@@ -215,7 +210,7 @@ def _add_bench(sub) -> None:
     p.add_argument("names", nargs="*", help=f"which (default all): {', '.join(BENCHMARKS)}")
     p.add_argument("--tiny", action="store_true", help="the tiny sizes CI uses (checks that they run, not speed)")
     p.add_argument("--gpu", action="store_true",
-                   help=f"the GPU measurements ({', '.join(GPU_BENCHMARKS)} at GPU sizes: MFU at l and xl, batched "
+                   help=f"the GPU measurements ({', '.join(gpu_benchmarks())} at GPU sizes: MFU at l and xl, batched "
                         "ablation, pruned latency in bf16); needs a CUDA GPU")
     p.add_argument("--out-dir", default="benchmarks/results", help="where the JSON goes")
     p.set_defaults(func=cmd_bench)
@@ -367,7 +362,8 @@ def _bench_lines(name: str, res: dict) -> list[str]:
 
 def cmd_bench(args) -> int:
     root = Path(__file__).resolve().parents[1] / "benchmarks"
-    table = GPU_BENCHMARKS if args.gpu else BENCHMARKS
+    gpu = gpu_benchmarks()
+    table = gpu if args.gpu else BENCHMARKS
     if args.gpu and args.tiny:
         raise HeadroomInputError("bench: --gpu and --tiny exclude each other")
     names = args.names or list(table)
@@ -384,7 +380,7 @@ def cmd_bench(args) -> int:
     failed = 0
     for n in names:
         out = out_dir / f"{n}.json"
-        sized = GPU_BENCHMARKS[n] if args.gpu else BENCHMARKS[n] if args.tiny else []
+        sized = gpu[n] if args.gpu else BENCHMARKS[n] if args.tiny else []
         cmd = [sys.executable, str(root / f"{n}.py"), *sized, "--out", str(out)]
         print(f"== {n}: {' '.join(cmd[1:])}", flush=True)
         r = subprocess.run(cmd, check=False)

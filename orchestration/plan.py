@@ -348,14 +348,12 @@ def _trained(sweep, arm, scale, family, seed, model: ModelConfig, train: TrainCo
                 lr_source=lr_source, budget=budget, snapshots=snapshots).with_key()
 
 
-def recovery_steps(sweep: Sweep) -> int:
-    """Steps the pruned arm trains at its pruned size in recovery: F for each candidate rate it fine-tunes (the
-    grid's size when the rate is chosen on val, else one). Scratch-B's budget counts every one of them: the pruned
-    arm trained them all to pick its best."""
-    p = sweep.prune
-    if not p.finetune_steps:
-        return 0
-    return p.finetune_steps * (1 if p.finetune_lr is not None else len(p.finetune_lr_grid))
+def recovery_steps(sweep: Sweep, dense_lr: float | None) -> int:
+    """Steps the pruned arm of a dense model trained at `dense_lr` trains at its pruned size in recovery, as its
+    prune units plan them (PrunePlan.recovery_steps): F for each candidate rate it fine-tunes. Scratch-B's budget
+    counts every one: the pruned arm trained them all to pick its best."""
+    run = _prune_run(sweep, dense_lr)
+    return PrunePlan(ratio=0.0, **{k: getattr(run, k) for k in _PLAN_FIELDS}).recovery_steps
 
 
 def _cells(sweep: Sweep):
@@ -402,7 +400,7 @@ def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None,
                 t = _train_cfg(sweep, scale, seed, lr_c, budget)
                 if arm == "scratch_b":
                     t = t.model_copy(update={"steps": scratch_b_steps(
-                        model, m, train.steps, recovery_steps(sweep), train.seq_len)})
+                        model, m, train.steps, recovery_steps(sweep, train.lr), train.seq_len)})
                 controls.append(_trained(sweep, arm, scale, family, seed, m, t, corpus_hash, ratio,
                                          scope="per_layer", lr_source=source_c, budget=tag))
     return dense + controls
@@ -454,7 +452,8 @@ def global_control_units(sweep: Sweep, pruned: Unit, dense: Unit, kept_per_layer
         t = train
         if arm == "scratch_b":
             t = train.model_copy(update={"steps": scratch_b_steps(d_model, small, train.steps,
-                                                                  recovery_steps(sweep), train.seq_len)})
+                                                                  recovery_steps(sweep, dense.train.lr),
+                                                                  train.seq_len)})
         out.append(_trained(sweep, arm, pruned.scale, pruned.family, pruned.seed, small, t, pruned.corpus_hash,
                             pruned.ratio, method=pruned.method, scope="global", schedule=pruned.schedule,
                             dense_key=dense.key, lr_source=source, budget=dense.budget))

@@ -217,7 +217,7 @@ def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
                                     spread_heads(total, d_model.n_layers, d_model.n_heads))
         params, fwd = _build(u.name, pruned, t)
         est = _prune_cost(sweep, u, plan, fwd_dense, fwd, sum(d_model.layer_heads))
-        steps = plan.finetune_steps * len(plan.finetune_lrs)  # every candidate rate's fine-tune (Scratch-B counts them)
+        steps = plan.recovery_steps  # every candidate rate's fine-tune (Scratch-B counts them)
         if u.prune_at < 1:  # trained on from p·T to T before the recovery fine-tune
             cont = t.steps - snapshot_step(u.prune_at, t.steps)
             est += _train_cost(sweep, t.model_copy(update={"steps": cont}), fwd, final_eval=False)

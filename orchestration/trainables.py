@@ -264,7 +264,7 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
             flat[f"pre_ft_random/{split}/draw{k}"] = loss
     ft = m["finetune"]
     # the recovery steps the pruned arm trained, every candidate rate's (what Scratch-B's budget counts)
-    flat["cost/recovery_steps"] = plan.finetune_steps * max(len(ft["grid"]), 1 if ft["lr"] is not None else 0)
+    flat["cost/recovery_steps"] = plan.recovery_steps
     if ft["lr"] is not None:  # the recovery fine-tune's rate (chosen on val from the grid, or the sweep's)
         flat["finetune/lr"] = ft["lr"]
         for lr, v in ft["grid"].items():
