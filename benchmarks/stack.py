@@ -46,6 +46,8 @@ def missing() -> str | None:
         return f"PostgreSQL server binaries not found in {PG_BIN}"
     if shutil.which("kubectl") is None:
         return "kubectl (with kustomize) is not installed"
+    if os.geteuid() == 0 and shutil.which("runuser") is None:
+        return "runuser (to start PostgreSQL as its own user under root) is not on PATH"
     return None
 
 
