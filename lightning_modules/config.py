@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .methods import get_method
+
 Family = Literal["decoder", "encoder"]
 FAMILIES: tuple[str, ...] = ("decoder", "encoder")
 
@@ -356,9 +358,6 @@ def wide_head_dim(d_model: int, n_heads_kept: int, width: int | None = None) -> 
 
 # ---------------------------------------------------------------------------------------------- pruning
 
-METHODS: tuple[str, ...] = ("gradient", "ablation", "magnitude", "entropy", "confidence", "random", "l0")
-CONTROLS: tuple[str, ...] = ("scratch_e", "scratch_b", "wide")
-Control = Literal["scratch_e", "scratch_b", "wide"]
 
 # defaults used wherever a prune is set up (sweep files, `headroom prune`, the prune trials)
 DEFAULT_TOLERANCE = 0.05  # "prunable": pruned loss before fine-tune <= dense loss x (1 + tolerance)
@@ -368,9 +367,8 @@ DEFAULT_FINETUNE_LR_GRID = (0.03, 0.1, 0.3)  # multiples of the dense model's ra
 
 
 def check_method(v: str) -> str:
-    if v not in METHODS:
-        raise ValueError(f"unknown method {v!r}; choose one of {', '.join(METHODS)}")
-    return v
+    """A declared scoring method's name (lightning_modules.methods); ValueError naming the choices otherwise."""
+    return get_method(v).name
 Scope = Literal["per_layer", "global"]
 PruneSchedule = Literal["one_shot", "iterative"]
 

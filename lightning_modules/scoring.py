@@ -19,8 +19,9 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from .config import METHODS, HeadroomInputError
+from .config import HeadroomInputError
 from .heads import head_gate, head_weights, layer_heads
+from .methods import METHODS, get_method
 from .models import has_lm_head, set_attention, token_losses
 
 LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, torch.Tensor]]
@@ -306,32 +307,21 @@ def score_l0(model, batches, loss_fn, mask=None, steps: int = 150, lam: float = 
     return _finish(l0_open_probability(log_alpha), valid)
 
 
-SCORERS = {
-    "gradient": score_gradient,
-    "ablation": score_ablation,
-    "magnitude": score_magnitude,
-    "entropy": score_entropy,
-    "confidence": score_confidence,
-    "random": score_random,
-    "l0": score_l0,
-}
-assert tuple(SCORERS) == METHODS
-
-
 def score_heads(model, calibration: Iterable[dict], method: str, *, loss_fn: LossFn | None = None,
                 mask: torch.Tensor | None = None, **options) -> torch.Tensor:
     """Importance of every head, [layers, heads], higher = more important (NaN where a layer has fewer heads).
 
     `calibration` is an iterable of batches of the calibration split; it is materialised once so every method
     sees the same batches."""
-    if method not in SCORERS:
+    if method not in METHODS:
         raise HeadroomInputError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    m = get_method(method)
     batches = list(calibration) if calibration is not None else []
-    if not batches and method not in ("magnitude", "random"):
+    if not batches and m.needs_calibration:
         raise HeadroomInputError(f"method {method}: no calibration batches")
     was_training = model.training
     model.eval()
     try:
-        return SCORERS[method](model, batches, loss_fn or default_loss(model), mask=mask, **options)
+        return m.score_fn()(model, batches, loss_fn or default_loss(model), mask=mask, **options)
     finally:
         model.train(was_training)

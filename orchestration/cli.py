@@ -20,13 +20,13 @@ from lightning_modules.config import (
     DEFAULT_CALIBRATION_BATCHES,
     DEFAULT_FINETUNE_LR,
     FAMILIES,
-    METHODS,
     SCALES,
     HeadroomInputError,
     Precision,
     Schedule,
     Scope,
 )
+from lightning_modules.methods import METHODS
 from lightning_modules.tokens import planned_vocab_size
 
 from .commands import cmd_prune, cmd_score, cmd_train

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from lightning_modules.checkpoints import checkpoint_info
 from lightning_modules.config import (
-    METHODS,
     DataConfig,
     HeadroomInputError,
     PrunePlan,
@@ -23,6 +22,7 @@ from lightning_modules.config import (
     train_config_for,
 )
 from lightning_modules.corpus import check_source
+from lightning_modules.methods import METHODS
 
 from .frameworks import quiet_frameworks
 from .report.plots import heatmap, prune_curve_plot

@@ -25,6 +25,7 @@ from lightning_modules.config import (
     check_compatible,
     heads_removed,
 )
+from lightning_modules.methods import get_method
 
 from .plan import Unit, global_control_units, lr_search_bases, prune_units, snapshot_step, train_units
 from .spec import Sweep
@@ -32,10 +33,6 @@ from .spec import Sweep
 # the JSON field names other tools rely on (a row has more)
 PLAN_FIELDS = ("stage", "arm", "scale", "family", "heads", "head_dim", "steps", "params", "flops_per_token",
                "train_flops", "ratio", "method", "seed", "resources")
-SCORING_PASSES = {  # forward-pass equivalents per calibration token, by method (backward ≈ 2 forwards)
-    "gradient": 3, "ablation": None, "magnitude": 0, "entropy": 1, "confidence": 1, "random": 0, "l0": None,
-}
-L0_STEPS = 150  # lightning_modules.scoring.score_l0's default
 
 
 @dataclass
@@ -143,11 +140,8 @@ def _prune_cost(sweep: Sweep, u: Unit, plan: PrunePlan, fwd_dense: int, fwd_prun
     t = u.train
     bt = t.batch_size * t.seq_len
     calib = u.prune.calibration_batches * bt
-    passes = SCORING_PASSES[plan.method]
-    if plan.method == "ablation":
-        passes = n_heads + 1
-    elif plan.method == "l0":
-        passes = 3 * L0_STEPS * bt / max(calib, 1)
+    m = get_method(plan.method)
+    passes = m.passes(n_heads, bt, calib, m.options)  # per calibration token of one scoring round
     rounds = 1 if plan.schedule == "one_shot" else math.ceil(plan.ratio / plan.step)
     scoring = passes * rounds * calib * fwd_dense
     sets = _eval_sets(sweep)

@@ -82,8 +82,9 @@ def register_primary(rep, tracking_uri: str, say=print) -> list[tuple[str, str]]
     from mlflow import MlflowClient
     from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
+    from lightning_modules.arms import label as arm_label
+
     from .report.analysis import PRIMARY
-    from .report.verdict import CONTROL_NAMES
 
     client = MlflowClient(tracking_uri)
     out, skipped = [], 0
@@ -110,7 +111,7 @@ def register_primary(rep, tracking_uri: str, say=print) -> list[tuple[str, str]]
                 "headroom.run_id": r.run_id}
         for c in rep.primary():
             if (c.scale, c.family, c.ratio) == (r.scale, r.family, r.ratio):
-                tags[f"headroom.verdict.{c.control}"] = (f"{c.verdict} vs {CONTROL_NAMES[c.control]} "
+                tags[f"headroom.verdict.{c.control}"] = (f"{c.verdict} vs {arm_label(c.control)} "
                                                          f"(diff {c.diff_mean:+.4f})")
         with _use_tracking_uri(tracking_uri):
             mv = mlflow.register_model(uri, name, tags=tags)

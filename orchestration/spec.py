@@ -56,13 +56,13 @@ from typing import Annotated
 import yaml
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
+from lightning_modules.arms import check_control
 from lightning_modules.checkpoints import checkpoint_info
 from lightning_modules.config import (
     DEFAULT_CALIBRATION_BATCHES,
     DEFAULT_FINETUNE_LR_GRID,
     DEFAULT_TOLERANCE,
     SCALES,
-    Control,
     DataConfig,
     Family,
     HeadroomInputError,
@@ -265,7 +265,7 @@ class Sweep(Strict):
     scales: dict[str, ScaleSpec] | None = None
     seeds: Annotated[list[Annotated[int, Field(ge=0)]], NonEmpty, AfterValidator(_unique)] = [0]
     prune: PruneSpec
-    controls: Annotated[list[Control], AfterValidator(_unique)] = []
+    controls: Annotated[list[Annotated[str, AfterValidator(check_control)]], AfterValidator(_unique)] = []
     lr: LrSpec | None = None
     probes: ProbeSpec | None = None
     trust: TrustSpec = TrustSpec()

@@ -231,7 +231,26 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     assert html.count("data:image/png;base64,") == md.count("![")
     # logged to the parent: the files and the headline numbers
     arts = {a.path for a in store.c.list_artifacts(parent, "report")}
-    assert {"report/verdict.json", "report/report.md", "report/report.html", "report/plots"} <= arts
+    assert {"report/verdict.json", "report/report.md", "report/report.html", "report/plots",
+            "report/runs.csv"} <= arts
+    # runs.csv: one row per finished child run, a column per axis, metric and param, read back from MLflow
+    import csv
+
+    from orchestration.axes import AXES
+
+    table = list(csv.DictReader((out / "runs.csv").open()))
+    finished = store.c.search_runs([store.exp], f"tags.`mlflow.parentRunId` = '{parent}' and "
+                                                "attributes.status = 'FINISHED'", max_results=1000)
+    assert sorted(r["run_id"] for r in table) == sorted(r.info.run_id for r in finished)
+    assert [a.name for a in AXES] == list(table[0])[3:3 + len(AXES)]
+    for i in SEEDS:
+        dense = next(r for r in table if r["name"] == f"xs-decoder-dense-s{i}")
+        assert (dense["arm"], dense["scale"], dense["seed"], dense["ratio"]) == ("dense", "xs", str(i), "")
+        assert float(dense["final/id/loss"]) == DENSE[i] and dense["param/steps"] == "100"
+        for arm, gap in GAP.items():
+            c = next(r for r in table if r["name"] == f"xs-decoder-{arm}-r0.5-s{i}")
+            assert (c["arm"], c["ratio"], c["scope"]) == (arm, "0.5", "per_layer")
+            assert float(c["final/id/loss"]) == pytest.approx(PRUNED_FT[i] + gap[i], abs=1e-12)
     m = store.c.get_run(parent).data.metrics
     c = _row(v["comparisons"], scale="xs", control="scratch_e", method="gradient", eval_set="id", finetune_steps=10)
     assert m["verdict/xs/decoder/r0.5/scratch_e/diff_mean"] == pytest.approx(c["diff_mean"])

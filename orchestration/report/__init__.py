@@ -10,6 +10,7 @@
     render.py       Markdown and self-contained HTML
     document.py     the report's sections and plots
     plots.py        matplotlib figures (also used by `headroom score`/`prune` and the prune trials)
+    table.py        the runs as one table (a column per axis, metric, param): runs.csv
     publish.py      write reports/<sweep>/ and log it to the parent run
 """
 

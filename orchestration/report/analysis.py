@@ -7,7 +7,8 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from lightning_modules.config import CONTROLS, prunable_fraction, within_tolerance
+from lightning_modules.arms import ARMS, control_names
+from lightning_modules.config import prunable_fraction, within_tolerance
 
 from ..plan import scale_rank
 from .read import Run, Windows
@@ -49,7 +50,7 @@ def pruned_groups(runs: list[Run]) -> dict:
 def control_runs(runs: list[Run]) -> dict:
     idx = defaultdict(dict)
     for r in runs:
-        if r.arm in CONTROLS:
+        if r.arm in control_names():
             idx[(r.arm, r.scale, r.family, r.ratio, r.method, r.scope, r.schedule)][r.seed] = r
     return idx
 
@@ -77,7 +78,7 @@ def _window_diffs(pw: list[dict | None], cw: list[dict | None]) -> tuple[list[li
 
 def controls_of(controls: dict, arm: str, key: tuple) -> dict:
     scale, family, ratio, method, scope, schedule = key
-    if scope == "per_layer" or arm == "wide":  # wide: the uniform "fewer heads" config of this ratio
+    if scope == "per_layer" or not ARMS[arm].for_global:  # a uniform shape (wide) stands for every scope
         return controls.get((arm, scale, family, ratio, "none", "per_layer", "none"), {})
     return controls.get((arm, scale, family, ratio, method, scope, schedule), {})  # a global prune's own
 
@@ -94,7 +95,7 @@ def comparisons(runs: list[Run], windows: Windows | None = None) -> list[Compari
         scale, family, ratio, method, scope, schedule = key
         first = by_seed[min(by_seed)]
         ft = first.finetune_steps
-        for arm in CONTROLS:
+        for arm in control_names():
             ctrl = controls_of(controls, arm, key)
             seeds = sorted(set(by_seed) & set(ctrl))
             for ev in sets if seeds else []:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lightning_modules.arms import label as arm_label
+
 from . import plots
 from .render import Doc, fmt_ci, fmt_ratio
-from .verdict import CONTROL_NAMES, Report
+from .verdict import Report
 
 TIMING_WORDS = {"matches": "pruning early ends as good as pruning the trained model (within the margin)",
                 "worse": "pruning early ends worse", "better": "pruning early ends better",
@@ -61,7 +63,7 @@ def _crossovers(t) -> str:
 
 
 def _trend_rows(trends) -> list[list]:
-    return [[t.family, fmt_ratio(t.ratio), CONTROL_NAMES[t.control], t.fit.replace("_", " "), str(t.n_cells),
+    return [[t.family, fmt_ratio(t.ratio), arm_label(t.control), t.fit.replace("_", " "), str(t.n_cells),
              ", ".join(t.excluded or []) or "—", "—" if t.slope is None else f"{t.slope:+.4f}",
              fmt_ci(t.slope_ci95) if t.slope_ci95 else "no interval", str(t.df), _crossovers(t),
              ", ".join(t.unverified_cells or []) or "—"] for t in trends]
@@ -118,4 +120,4 @@ def budget_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
     doc.table(TREND_HEAD, _trend_rows(tpp))
     for t in tpp:
         if t.note:
-            doc.p(f"{t.family} r{t.ratio:g} vs {CONTROL_NAMES[t.control]}: {t.note}.")
+            doc.p(f"{t.family} r{t.ratio:g} vs {arm_label(t.control)}: {t.note}.")

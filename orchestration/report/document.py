@@ -8,7 +8,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_modules.config import CONTROLS
+from lightning_modules.arms import control_names
+from lightning_modules.arms import label as arm_label
 
 from . import axes, plots
 from .analysis import PRIMARY, eval_sets, mean
@@ -16,7 +17,7 @@ from .read import Run, scores_of
 from .render import Doc, fmt_ci, fmt_p, fmt_ratio
 from .stats import paired, t_interval, verdict_of
 from .summaries import redundancy_change, series
-from .verdict import CONTROL_NAMES, STATE_WORDS, Report
+from .verdict import STATE_WORDS, Report
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,10 @@ def _headline(doc: Doc, rep: Report, pg: _Page) -> None:
             table.append([scale, family, fmt_ratio(ratio),
                           ", ".join(f"{p.method} {p.verdict}" for p in h1) or "—",
                           *[(f"{prim[a].verdict} ({prim[a].diff_mean:+.4f}, Holm {fmt_ci(prim[a].ci95_holm)}"
-                             f", p_Holm {fmt_p(prim[a].p_holm)})" if a in prim else "—") for a in CONTROLS]])
+                             f", p_Holm {fmt_p(prim[a].p_holm)})" if a in prim else "—") for a in control_names()]])
     doc.items(lines)
     doc.table(["scale", "family", "ratio", "half (1): prunable before fine-tune (id)",
-               *[f"half (2) vs {CONTROL_NAMES[a]}: verdict (diff, adjusted CI, adjusted p)" for a in CONTROLS]],
+               *[f"half (2) vs {arm_label(a)}: verdict (diff, adjusted CI, adjusted p)" for a in control_names()]],
               table)
     if not rep.comparisons:
         doc.p("Half (2) was not tested: the sweep has no controls trained from scratch.")
@@ -118,7 +119,7 @@ def _comparisons(doc: Doc, rep: Report, pg: _Page) -> None:
         label = c.method + (" (best on val)" if is_best else "")
         row = [c.scale, c.family, fmt_ratio(c.ratio), c.heads_dense, c.heads_kept, label,
                c.scope, c.schedule, "pre-FT" if c.finetune_steps == 0 and pg.ft else c.finetune_steps,
-               CONTROL_NAMES[c.control], c.eval_set, c.n_seeds, c.pruned_loss, c.control_loss,
+               arm_label(c.control), c.eval_set, c.n_seeds, c.pruned_loss, c.control_loss,
                f"{c.diff_mean:+.4f}", fmt_ci(c.ci95), fmt_p(c.p_value), fmt_ci(c.ci95_holm), fmt_p(c.p_holm),
                c.verdict]
         main_method = c.method == PRIMARY["method"] or is_best
@@ -153,7 +154,7 @@ def _replication(doc: Doc, rep: Report, pg: _Page) -> None:
             vs = [per[s].verdict if s in per else "—" for s in pg.sets]
             same = len({v for v in vs if v != "—"}) == 1
             agree += same
-            rows.append([k[0], k[1], fmt_ratio(k[2]), CONTROL_NAMES[k[3]],
+            rows.append([k[0], k[1], fmt_ratio(k[2]), arm_label(k[3]),
                          *[f"{per[s].verdict} ({per[s].diff_mean:+.4f})" if s in per else "—" for s in pg.sets],
                          "yes" if same else "**no**"])
         doc.p(f"The primary comparison on every eval set ({', '.join(pg.sets)}): the verdicts agree in {agree} of "

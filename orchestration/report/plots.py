@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from lightning_modules.arms import label as arm_label
+
 
 def _plt():
     import matplotlib
@@ -58,7 +60,6 @@ def prune_curve_plot(rows: list[dict], sets: list[str], path: str | Path, title:
     _save(fig, path)
 
 
-_CONTROL_LABEL = {"scratch_e": "Scratch-E", "scratch_b": "Scratch-B", "wide": "wide"}
 
 
 def forest_plot(rows: list, path: str | Path) -> None:
@@ -79,7 +80,7 @@ def forest_plot(rows: list, path: str | Path) -> None:
         ax.plot([c.diff_mean], [y], "o", color=colors[c.verdict],
                 mfc="white" if c.finetune_steps == 0 else colors[c.verdict])
         ft = "pre-FT" if c.finetune_steps == 0 else f"FT {c.finetune_steps}"
-        labels.append(f"{c.scale} {c.family} r{c.ratio:g} vs {_CONTROL_LABEL[c.control]} ({ft})")
+        labels.append(f"{c.scale} {c.family} r{c.ratio:g} vs {arm_label(c.control)} ({ft})")
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels(list(reversed(labels)), fontsize=7)
     ax.axvline(0, color="black", lw=0.8)
@@ -221,7 +222,7 @@ def trend_plot(trends: list, axis: str, path: str | Path) -> None:
         x = np.array([p.tokens_per_param if axis == "tokens_per_param" else p.params for p in pts], dtype=float)
         y = np.array([p.diff_mean for p in pts], dtype=float)
         used = np.array([p.used for p in pts])
-        label = (f"{t.family} r{t.ratio:g} vs {_CONTROL_LABEL[t.control]} "
+        label = (f"{t.family} r{t.ratio:g} vs {arm_label(t.control)} "
                  + ("(no fit: cells left out)" if t.slope is None else f"({t.slope:+.3f}/decade"
                     + (")" if t.slope_ci95 else ", no interval)")))
         line = ax.errorbar(x[used], y[used], yerr=_yerr(y[used], [p.ci95 for p in pts if p.used]), marker="o",
@@ -283,7 +284,7 @@ def budget_map(trends: list, path: str | Path) -> None:
         ax.yaxis.set_minor_formatter(plt.NullFormatter())
         ax.set_xlabel("non-embedding parameters")
         ax.set_ylabel("training tokens")
-        ax.set_title(f"vs {_CONTROL_LABEL[control]} (blue: pruning wins; hollow: CI includes 0)", fontsize=9)
+        ax.set_title(f"vs {arm_label(control)} (blue: pruning wins; hollow: CI includes 0)", fontsize=9)
         ax.grid(alpha=0.3)
         fig.colorbar(sc, ax=ax, label="control − pruned (nats/token)")
     _save(fig, path)

@@ -1,5 +1,5 @@
 """`headroom report`: the sweep's newest parent run → reports/<sweep>/ (verdict.json, report.md with plots/,
-report.html), the same files as artifacts of the parent run (`report/`), the headline numbers as its metrics and
+report.html, runs.csv: one row per child run), the same files as artifacts of the parent run (`report/`), the headline numbers as its metrics and
 the headline as its description (the note the MLflow UI shows)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from lightning_modules.config import jsonable
 
 from .document import render
 from .read import Windows, client, load_sweep_runs
+from .table import write_runs_csv
 from .verdict import Report, build, headline_markdown, headline_metrics
 
 ARTIFACTS = "report"  # the parent run's artifact folder of the report
@@ -28,6 +29,7 @@ def write_report(uri: str, sweep_name: str, out: Path | None = None, log: bool =
     (out / "verdict.json").write_text(json.dumps(jsonable(rep.verdict_json()), indent=2) + "\n")
     (out / "report.md").write_text(doc.markdown(out) + "\n")
     (out / "report.html").write_text(doc.html())
+    write_runs_csv(data.runs, out / "runs.csv")
     if log:
         from mlflow.entities import Metric
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from lightning_modules.config import HeadroomInputError
 
+from ..axes import read_tags
 from ..plan import WINDOWS_FILE, cell_label, expected_names
 from ..runstore import mlflow_client, search_runs
 from ..spec import Sweep
@@ -29,8 +30,10 @@ class Run:
     tags: dict
     metrics: dict
     params: dict
+    stage: str = field(init=False)
     arm: str = field(init=False)
-    scale: str = field(init=False)
+    scale: str = field(init=False)  # with its budget when the scale lists several: "s-T1500" (a cell)
+    heads: str = field(init=False)
     family: str = field(init=False)
     method: str = field(init=False)
     scope: str = field(init=False)
@@ -44,12 +47,9 @@ class Run:
         return self.tags.get(f"headroom.{name}", "none")
 
     def __post_init__(self):
-        for t in ("arm", "scale", "family", "method", "scope", "schedule"):
-            setattr(self, t, self.tag(t))
-        self.seed = int(self.tag("seed"))
-        self.ratio = None if self.tag("ratio") == "none" else float(self.tag("ratio"))
-        self.budget = None if self.tag("steps") == "none" else int(self.tag("steps"))
-        self.prune_at = 1.0 if self.tag("prune_at") == "none" else float(self.tag("prune_at"))
+        for name, value in read_tags(self.tags).items():  # every axis of orchestration/axes.py
+            if name != "key":
+                setattr(self, name, value)
         if self.budget is not None:  # each budget of a scale is a cell of its own: "s-T1500"
             self.scale = cell_label(self.scale, self.budget)
 

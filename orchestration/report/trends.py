@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from lightning_modules.config import CONTROLS
+from lightning_modules.arms import control_names
 
 from ..plan import scale_rank, split_label
 from .analysis import PRIMARY, by_scale, control_runs, controls_of, mean, pruned_groups
@@ -139,7 +139,7 @@ def gap_points(runs: list[Run], exclude: frozenset = frozenset()) -> dict:
         x = _x(by_seed[min(by_seed)])
         if x is None:
             continue
-        for arm in CONTROLS:
+        for arm in control_names():
             ctrl = controls_of(controls, arm, gkey)
             seeds = [s for s in sorted(set(by_seed) & set(ctrl)) if key in by_seed[s].metrics and key in ctrl[s].metrics]
             if seeds:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from lightning_modules.arms import control_names
+from lightning_modules.arms import label as arm_label
 from lightning_modules.config import DEFAULT_TOLERANCE, HeadroomInputError
 
 from ..plan import scale_rank
@@ -18,7 +20,6 @@ from .rows import Comparison, Cost, CurvePoint, EvalInfo, LearningRate, Prunable
 from .summaries import costs, evaluation_info, learning_rates, probes
 from .trends import timing, trends
 
-CONTROL_NAMES = {"scratch_e": "Scratch-E", "scratch_b": "Scratch-B", "wide": "wide"}
 STATE_WORDS = {"passed": "passed", "failed": "**failed**", "not_applicable": "not applicable",
                "could_not_run": "**could not run**"}
 VERDICTS = ("supported", "refuted", "inconclusive", "insufficient_seeds")
@@ -82,8 +83,8 @@ class Report:
         if not rows:
             return f"half (1): {half1}; half (2) not tested (no controls)"
         words = defaultdict(list)
-        for c in sorted(rows, key=lambda c: (c.ratio, list(CONTROL_NAMES).index(c.control))):
-            words[c.verdict].append(f"{CONTROL_NAMES[c.control]} r{c.ratio:g}")
+        for c in sorted(rows, key=lambda c: (c.ratio, control_names().index(c.control))):
+            words[c.verdict].append(f"{arm_label(c.control)} r{c.ratio:g}")
         half2 = "; ".join(f"{w.replace('_', ' ')} vs {', '.join(words[w])}" for w in VERDICTS if words[w])
         return f"half (1): {half1}; half (2): {half2} (Holm-adjusted over {len(rows)} comparison(s))"
 
@@ -134,7 +135,7 @@ def headline_markdown(rep: Report, report_path: str) -> str:
             out += ["| ratio | control | verdict | control − pruned (nats/token; > 0: pruning wins) | 95% CI "
                     "| p (Holm) | seeds |",
                     "|---|---|---|---|---|---|---|"]
-            out += [f"| {c.ratio:g} | {CONTROL_NAMES[c.control]} | {c.verdict.replace('_', ' ')} | "
+            out += [f"| {c.ratio:g} | {arm_label(c.control)} | {c.verdict.replace('_', ' ')} | "
                     f"{c.diff_mean:+.4f} | {fmt_ci(c.ci95)} | {fmt_p(c.p_holm)} | {c.n_seeds} |" for c in rows]
             out.append("")
         checks = [g for g in rep.diagnostics if (g.scale, g.family) == (scale, family)]
@@ -156,7 +157,7 @@ def headline_table(rep: Report) -> str:
             lines.append(f"  {scale} {family}: {rep.headline(scale, family)}")
             for d in rep.primary():
                 if (d.scale, d.family) == (scale, family):
-                    lines.append(f"      r{d.ratio:g} vs {CONTROL_NAMES[d.control]:<9} {d.verdict:<18} "
+                    lines.append(f"      r{d.ratio:g} vs {arm_label(d.control):<9} {d.verdict:<18} "
                                  f"diff {d.diff_mean:+.4f} CI {fmt_ci(d.ci95)} p_Holm {fmt_p(d.p_holm)} "
                                  f"(n={d.n_seeds})")
             for g in rep.diagnostics:

@@ -1,0 +1,148 @@
+"""The arms of the experiment, declared once: what a training run is (DESIGN: dense, pruned, the controls trained
+from scratch), its display name, how a control's architecture and training steps derive from the dense model and
+the prune, whether a `global` prune gets its own copy of it, and the sentence that describes its run.
+
+A new control is one `register_arm(Arm(...))` plus, where its shape or budget is new, the two small functions it
+names: the plan (`orchestration.plan`), `--plan`, the sweep spec's `controls`, the report's tables, verdicts and
+plots all iterate `ARMS`. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from .config import SCALES, HeadroomInputError, ModelConfig, model_config_for, wide_head_dim
+from .costs import scratch_b_steps
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a control's architecture derives from: the dense model of (scale, family) with `dense_heads` heads, and
+    the heads the prune keeps — `kept` per layer for a `global` prune (a list), or uniform (an int). `what` names
+    the unit in an error."""
+
+    scale: str
+    family: str
+    dense: ModelConfig
+    dense_heads: int
+    kept: int | list[int]
+    vocab_size: int
+    what: str
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a control's training steps derive from: the dense model and its T steps, the control's own model, and
+    the steps the pruned arm trains at its pruned size in recovery (every candidate fine-tune)."""
+
+    dense: ModelConfig
+    model: ModelConfig
+    dense_steps: int
+    recovery_steps: int
+    seq_len: int
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm. `description` is a format string of the run's one-sentence note (fields: what, heads, steps,
+    head_dim). A control (`control=True`) also gives `architecture(Shape) -> ModelConfig` and `steps(Budget) ->
+    int`; `for_global`: a `global` prune gets its own unit copying the pruned per-layer counts (else the arm is a
+    uniform shape, planned with the per-layer controls and compared with every scope); `search_as`: the arm whose
+    learning-rate search its architecture shares (one shape, one search)."""
+
+    name: str
+    label: str
+    description: str
+    control: bool = False
+    architecture: Callable[[Shape], ModelConfig] | None = None
+    steps: Callable[[Budget], int] | None = None
+    for_global: bool = False
+    search_as: str | None = None
+
+
+_ARMS: dict[str, Arm] = {}
+ARMS: Mapping[str, Arm] = MappingProxyType(_ARMS)  # name → Arm, in declaration order
+
+
+def register_arm(a: Arm) -> Arm:
+    if a.name in _ARMS:
+        raise ValueError(f"arm {a.name!r} is already registered")
+    if a.control and (a.architecture is None or a.steps is None):
+        raise ValueError(f"control {a.name!r} needs an architecture and a steps rule")
+    _ARMS[a.name] = a
+    return a
+
+
+def unregister_arm(name: str) -> None:
+    _ARMS.pop(name, None)
+
+
+def control_names() -> tuple[str, ...]:
+    """The controls trained from scratch, in declaration order (the report's column order)."""
+    return tuple(a.name for a in _ARMS.values() if a.control)
+
+
+def label(name: str) -> str:
+    """The display name of an arm ("Scratch-E"); an undeclared name stands for itself."""
+    return _ARMS[name].label if name in _ARMS else name
+
+
+def check_control(name: str) -> str:
+    """A declared control's name; ValueError naming the choices otherwise (the sweep spec's `controls`)."""
+    if name not in _ARMS or not _ARMS[name].control:
+        raise ValueError(f"unknown control {name!r}; choose one of {', '.join(control_names())}")
+    return name
+
+
+# ---------------------------------------------------------------------------------------------- shapes
+
+
+def pruned_shape(s: Shape) -> ModelConfig:
+    """The pruned architecture: the kept heads at the dense head_dim (uniform, or the prune's per-layer counts)."""
+    if isinstance(s.kept, int):
+        return model_config_for(s.scale, s.family, n_heads=s.kept, vocab_size=s.vocab_size)
+    return s.dense.with_heads(s.kept)
+
+
+def wide_shape(s: Shape) -> ModelConfig:
+    """The kept heads made as wide as the dense model's attention (`dense_heads` × the preset's head_dim; see
+    config.wide_head_dim); a shape it cannot have raises naming the unit."""
+    sc = SCALES[s.scale]
+    try:
+        return model_config_for(s.scale, s.family, n_heads=s.kept, vocab_size=s.vocab_size,
+                                head_dim=wide_head_dim(sc.d_model, s.kept, width=s.dense_heads * sc.head_dim))
+    except HeadroomInputError as e:
+        raise HeadroomInputError(f"unit {s.what}: {e}") from None
+
+
+def dense_steps(b: Budget) -> int:
+    return b.dense_steps
+
+
+def matched_compute(b: Budget) -> int:
+    """Scratch-B: the pruned arm's training FLOPs (dense T steps + the recovery steps at pruned size)."""
+    return scratch_b_steps(b.dense, b.model, b.dense_steps, b.recovery_steps, b.seq_len)
+
+
+# ---------------------------------------------------------------------------------------------- the arms
+
+register_arm(Arm("dense", "dense", "Dense: {what}, {heads}, trained from scratch for {steps}."))
+register_arm(Arm("dense_half", "half-budget dense",
+                 "Half-budget dense run: {what}, {heads}, trained from scratch for {steps}, half the dense run's "
+                 "budget on its own schedule (the report's converged check)."))
+register_arm(Arm("pruned", "pruned", "Pruned: a dense model with a fraction of its heads removed."))
+register_arm(Arm("scratch_e", "Scratch-E",
+                 "Scratch-E control: the pruned architecture ({heads}) trained from scratch for the dense run's "
+                 "steps, {steps} ({what}).",
+                 control=True, architecture=pruned_shape, steps=dense_steps, for_global=True))
+register_arm(Arm("scratch_b", "Scratch-B",
+                 "Scratch-B control: the pruned architecture ({heads}) trained from scratch until its training "
+                 "FLOPs match dense training plus fine-tuning, {steps} ({what}).",
+                 control=True, architecture=pruned_shape, steps=matched_compute, for_global=True,
+                 search_as="scratch_e"))
+register_arm(Arm("wide", "wide",
+                 "wide control: {heads} of {head_dim} dims, as wide as the dense model's attention allows (the "
+                 "usual fewer-heads model), trained from scratch for {steps} ({what}).",
+                 control=True, architecture=wide_shape, steps=dense_steps))

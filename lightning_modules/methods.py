@@ -1,0 +1,91 @@
+"""The head-scoring methods, declared once: what a sweep file may name under `prune.methods`, what `headroom prune
+--method` accepts, what scores the heads (`scoring.score_heads`), what `--plan` counts as its cost.
+
+A method is one `Method` declaration plus its scorer: `register_method(Method(...))` adds one (a test may register
+its own). Everything that lists methods iterates `METHODS`. Torch-free: the scorer is named by "module:function" and
+imported only when a model is scored, so the sweep spec and the plan validate names without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+def _fixed(passes: float) -> Callable[..., float]:
+    return lambda n_heads, batch_tokens, calibration_tokens, options: passes
+
+
+@dataclass(frozen=True)
+class Method:
+    """A head-scoring method.
+
+    `scorer`: the function `(model, batches, loss_fn, mask=None, **options) -> [layers, heads]`, or its
+    "module:function" path. `passes(n_heads, batch_tokens, calibration_tokens, options)`: forward-pass equivalents
+    per calibration token of one scoring round (a backward ≈ 2 forwards), what `--plan` multiplies by the
+    calibration tokens and the dense model's forward FLOPs per token. `needs_calibration`: whether it reads data.
+    `options`: the scorer's keyword defaults that its cost depends on (passed to `passes`)."""
+
+    name: str
+    scorer: str | Callable
+    passes: Callable[[int, int, int, Mapping], float]
+    needs_calibration: bool = True
+    options: Mapping = field(default_factory=dict)
+    description: str = ""
+
+    def score_fn(self) -> Callable:
+        if callable(self.scorer):
+            return self.scorer
+        module, _, attr = self.scorer.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+_METHODS: dict[str, Method] = {}
+METHODS: Mapping[str, Method] = MappingProxyType(_METHODS)  # name → Method, in declaration order
+
+
+def register_method(m: Method) -> Method:
+    if m.name in _METHODS:
+        raise ValueError(f"method {m.name!r} is already registered")
+    _METHODS[m.name] = m
+    return m
+
+
+def unregister_method(name: str) -> None:
+    _METHODS.pop(name, None)
+
+
+def method_names() -> tuple[str, ...]:
+    return tuple(_METHODS)
+
+
+def get_method(name: str) -> Method:
+    """The declaration of `name`; ValueError naming the choices when there is none."""
+    if name not in _METHODS:
+        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(_METHODS)}")
+    return _METHODS[name]
+
+
+_S = "lightning_modules.scoring:"
+L0_OPTIONS = {"steps": 150}  # score_l0's default gate-training steps, which its cost counts
+
+register_method(Method("gradient", _S + "score_gradient", _fixed(3),
+                       description="Michel et al. 2019: E_x|∂L/∂ξ_h| per example, L2-normalised per layer"))
+register_method(Method("ablation", _S + "score_ablation",
+                       lambda n_heads, bt, calib, o: n_heads + 1,  # one reference pass and one per head masked
+                       description="leave-one-out: E_x|L_x(ξ_h = 0) − L_x|"))
+register_method(Method("magnitude", _S + "score_magnitude", _fixed(0), needs_calibration=False,
+                       description="the Frobenius norm of the head's OV circuit (no data)"))
+register_method(Method("entropy", _S + "score_entropy", _fixed(1),
+                       description="attention entropy (low: focused)"))
+register_method(Method("confidence", _S + "score_confidence", _fixed(1),
+                       description="Voita et al. 2019: the mean maximum attention weight"))
+register_method(Method("random", _S + "score_random", _fixed(0), needs_calibration=False,
+                       description="seeded uniform scores: the baseline every method must beat"))
+register_method(Method("l0", _S + "score_l0",
+                       # gate training: forward + backward per step on one calibration batch each
+                       lambda n_heads, bt, calib, o: 3 * o["steps"] * bt / max(calib, 1),
+                       options=L0_OPTIONS,
+                       description="Voita et al. 2019: hard-concrete gates trained for an expected-L0 penalty"))

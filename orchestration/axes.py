@@ -1,0 +1,96 @@
+"""The sweep's axes, and the other headroom.* tags of a child run, declared once: for each, where a sweep file sets
+it, its value when it does not apply, its MLflow tag and how the value is written there and read back, whether it
+enters a unit's key, and its column in the report's run table (`reports/<sweep>/runs.csv`).
+
+`plan.Unit.tags()` writes the tags from these declarations, `report.read.Run` reads them back with them, and the
+run table has a column per declaration. A new axis is one `Axis` here plus its field on the unit (and, when the
+sweep file sets it, its field in `spec.py`). Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+NONE = "none"
+
+
+def _text(v) -> str:
+    return str(v)
+
+
+def _num_or_none(v) -> str:
+    return NONE if v is None else f"{v:g}"
+
+
+def _int_or_none(v) -> str:
+    return NONE if v is None else str(v)
+
+
+def _float(default):
+    return lambda s: default if s == NONE else float(s)
+
+
+def _int_or(default):
+    return lambda s: default if s == NONE else int(s)
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One tag of a child run. `get(unit)` is the unit's value (default: its attribute `name`); `to_tag` writes it,
+    `from_tag` reads the tag's text back (the value when the tag says "none" or is absent: `default`).
+    `key`: "always" (the unit's serialised field is hashed), "when_set" (hashed only when it differs from
+    `default`, so the units of sweeps that predate the axis keep their keys) or "derived" (never hashed: other
+    fields decide it). `sweep_field`: where a sweep file sets it ("" when the plan derives it)."""
+
+    name: str
+    sweep_field: str
+    default: object = NONE
+    tag: str = ""
+    to_tag: Callable[[object], str] = _text
+    from_tag: Callable[[str], object] = _text
+    key: str = "always"
+    get: Callable | None = None
+
+    @property
+    def tag_name(self) -> str:
+        return f"headroom.{self.tag or self.name}"
+
+    def value(self, unit) -> object:
+        return self.get(unit) if self.get is not None else getattr(unit, self.name)
+
+    def read(self, tags: dict) -> object:
+        text = tags.get(self.tag_name, NONE)
+        return self.from_tag(text) if text != NONE else self.default
+
+
+AXES: tuple[Axis, ...] = (
+    Axis("stage", ""),  # lr_search | train | prune | controls (a global prune's controls train in "train" units)
+    Axis("arm", "controls"),
+    Axis("scale", "scales"),
+    Axis("family", "family"),
+    Axis("heads", "scales.<scale>.heads"),
+    Axis("method", "prune.methods"),
+    Axis("ratio", "prune.ratios", None, to_tag=_num_or_none, from_tag=_float(None)),
+    Axis("scope", "prune.scope"),
+    Axis("schedule", "prune.schedule"),
+    Axis("seed", "seeds", 0, from_tag=int),
+    Axis("key", "", key="derived"),
+    # the dense budget T of a scale that lists several (None: one); its tag keeps its first name
+    Axis("budget", "scales.<scale>.steps", None, tag="steps", to_tag=_int_or_none, from_tag=_int_or(None),
+         key="derived"),
+    # prune units: the fraction of T at which heads are removed (1: the trained model); "none" on other units
+    Axis("prune_at", "prune.at", 1.0, to_tag=_num_or_none, from_tag=_float(1.0), key="when_set",
+         get=lambda u: u.prune_at if u.stage == "prune" else None),
+)
+BY_NAME = {a.name: a for a in AXES}
+
+
+def tags_of(unit) -> dict[str, str]:
+    """A unit's headroom.* tags (DESIGN's MLflow contract), in declaration order."""
+    return {a.tag_name: a.to_tag(a.value(unit)) for a in AXES}
+
+
+def read_tags(tags: dict) -> dict[str, object]:
+    """The typed value of every axis from a run's tags."""
+    return {a.name: a.read(tags) for a in AXES}

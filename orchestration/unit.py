@@ -1,0 +1,239 @@
+"""A unit of work: what one Ray Tune trial does and one MLflow child run records — train one model (an arm of
+lightning_modules/arms.py, or an `lr_search` candidate) or prune one dense checkpoint (`pruned`) — with the configs
+it runs with, its deterministic key, its MLflow tags (orchestration/axes.py), name, description and params, and its
+serialised form (what crosses the Ray boundary). Its key hashes everything that decides its result, so a retried,
+resumed or re-run unit finds its own run. Torch-free; `plan.py` makes the units of a sweep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+
+from pydantic import Field
+
+from lightning_modules.arms import ARMS
+from lightning_modules.config import (
+    DEFAULT_CALIBRATION_BATCHES,
+    SCALES,
+    DataConfig,
+    ModelConfig,
+    PrunePlan,
+    Strict,
+    TrainConfig,
+)
+
+from .axes import AXES, tags_of
+from .spec import ProbeSpec
+
+NONE = "none"
+HALF_ARM = "dense_half"  # the dense model of one seed trained to half the smallest budget (the converged check)
+
+# what a trial's reports carry besides metrics (trainables → tracking)
+HISTORY = "headroom_history"  # JSON list of [metric, step, value] since the previous report
+KEPT = "headroom_kept"  # prune: JSON list of the heads kept per layer
+DONE = "headroom_done"  # 1 on a unit's final report
+WORK = "work_s"  # seconds of the unit's own work in this attempt (framework imports excluded)
+RESUMED = "resumed_at_step"  # the step a train trial started from (0: from scratch)
+LIGHTNING_FILE = "checkpoint"  # the Lightning checkpoint's file name inside a Tune checkpoint
+WINDOWS_FILE = "eval_windows.json"  # per-window losses of a unit's evaluations (an artifact the report reads)
+EVAL_PARAMS = ("eval_device", "eval_precision")  # every run's evaluation: where and at which precision (MLflow params)
+WORK_KINDS = ("train_s", "eval_s", "score_s")  # cost/<kind>: seconds of a unit in training, evaluation, scoring steps
+
+
+TAG_FIELDS = tuple(a.tag or a.name for a in AXES)  # headroom.<field>: declared in orchestration/axes.py
+SNAPSHOTS_DIR = "snapshots"  # a dense run's kept checkpoints (step<k>.ckpt) for pruning at p·T, beside its model
+
+
+def cell_label(scale: str, budget: int | None) -> str:
+    """What the report and summaries call a scale trained at one of several budgets T: "s-T1500" (a single
+    budget: "s"), as in the run names."""
+    return scale if budget is None else f"{scale}-T{budget}"
+
+
+def split_label(label: str) -> tuple[str, int | None]:
+    """cell_label's inverse: ("s", 1500) or ("s", None)."""
+    scale, _, budget = label.partition("-T")
+    return scale, int(budget) if budget else None
+
+
+def scale_rank(label: str) -> tuple[int, int]:
+    """Scale labels in the order of the presets (xs, s, m, ...; a pretrained checkpoint last); the budgets of one
+    scale ("s-T500", "s-T1500") in increasing order."""
+    name, budget = split_label(label)
+    names = list(SCALES)
+    return (names.index(name) if name in names else len(names)), budget or 0
+
+
+class ProbeRun(ProbeSpec):
+    """A dense train unit's mechanism probes: the sweep's ProbeSpec and the prune tolerance they compare with."""
+
+    tolerance: float = Field(gt=0)
+
+
+class PruneRun(Strict):
+    """How a prune unit prunes, beyond which heads it selects (the unit's method, ratio, scope and schedule):
+    the iterative step, the recovery fine-tune, the calibration data and the mask-only curve."""
+
+    step: float = Field(default=0.1, gt=0, le=1)
+    finetune_steps: int = Field(default=0, ge=0)
+    finetune_lr: float | None = Field(default=None, gt=0)
+    finetune_lr_grid: tuple[float, ...] = ()  # absolute rates (the sweep's multiples × the dense model's rate)
+    calibration_batches: int = Field(default=DEFAULT_CALIBRATION_BATCHES, gt=0)
+    curve: bool = True
+    curve_batches: int | None = Field(default=None, gt=0)  # batches per point of the curve (None: the eval budget)
+
+
+_PLAN_FIELDS = ("step", "finetune_steps", "finetune_lr", "finetune_lr_grid")
+# what a key hashes: the serialised unit, less its key and its budget (derived: train.steps and the dense key say
+# it); fields added after keys were first written enter only when they differ from their default, so units of
+# sweeps that do not use them keep their keys
+_NOT_HASHED = tuple(a.name for a in AXES if a.key == "derived")
+_HASHED_WHEN_SET = {"probes": None, "snapshots": [], **{a.name: a.default for a in AXES if a.key == "when_set"}}
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One unit of work, holding its validated configs. `to_dict`/`from_dict` are its serialised form: what
+    crosses the Ray boundary, what its key hashes, what a prune trial's metrics.json records."""
+
+    stage: str  # lr_search | train | prune
+    arm: str  # dense | dense_half | pruned | scratch_e | scratch_b | wide
+    scale: str
+    family: str
+    seed: int
+    model: ModelConfig | None  # None: a pretrained checkpoint's own
+    train: TrainConfig  # the budget (train) or the batch shape and eval budget (prune)
+    data: DataConfig
+    corpus_hash: str
+    heads: str  # "8", or "3,4,5" for per-layer counts
+    # which heads: what a prune unit removes, or what a control stands in for
+    method: str = NONE
+    ratio: float | None = None
+    scope: str = NONE
+    schedule: str = NONE
+    prune: PruneRun | None = None  # prune stage: how
+    dense_key: str | None = None  # the dense unit a prune unit or a global-scope control derives from
+    probes: ProbeRun | None = None  # dense train units of a sweep with `probes`
+    lr_source: str = "preset"  # where train.lr came from: preset | sweep | searched | searched:<arch> (see lr_for)
+    # the training budget T of the dense run this unit belongs to, when its scale lists several (None: one)
+    budget: int | None = None
+    prune_at: float = 1.0  # prune stage: the fraction of T at which the heads are removed (1: the trained model)
+    snapshots: tuple[int, ...] = ()  # dense train units: the steps whose checkpoints prune units start from
+    key: str = ""
+
+    @property
+    def plan(self) -> PrunePlan | None:
+        """A prune unit's PrunePlan (None for the other stages)."""
+        if self.prune is None:
+            return None
+        return PrunePlan(method=self.method, ratio=self.ratio, scope=self.scope, schedule=self.schedule,
+                         seed=self.seed, **{k: getattr(self.prune, k) for k in _PLAN_FIELDS})
+
+    def with_key(self) -> Unit:
+        body = {k: v for k, v in self.to_dict().items()
+                if k not in _NOT_HASHED and not (k in _HASHED_WHEN_SET and v == _HASHED_WHEN_SET[k])}
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return replace(self, key=digest)
+
+    @property
+    def name(self) -> str:
+        """Run name: what the MLflow UI lists, sortable by scale, family, arm, method, ratio, seed."""
+        parts = [self.scale, self.family, self.arm]
+        if self.stage == "lr_search":
+            parts = [self.scale, self.family, "lr", arch_key(self.model), f"{self.train.lr:.2e}"]
+        else:
+            if self.budget is not None:
+                parts.insert(2, f"T{self.budget}")
+            if self.method != NONE:
+                parts.append(self.method)
+            if self.ratio is not None:
+                parts.append(f"r{self.ratio:g}")
+            if self.scope == "global":
+                parts.append("global")
+            if self.schedule == "iterative":
+                parts.append("iter")
+            if self.prune_at != 1.0:
+                parts.append(f"at{self.prune_at:g}")
+            parts.append(f"s{self.seed}")
+        return "-".join(parts)
+
+    def tags(self) -> dict[str, str]:
+        return tags_of(self)
+
+    def note(self) -> str:
+        """What the unit is, in one sentence: its run's description in the MLflow UI."""
+        what = f"{self.scale} {self.family}, seed {self.seed}"
+        heads = f"{self.heads} heads per layer" if "," not in self.heads else f"heads per layer {self.heads}"
+        steps = f"{self.train.steps} steps at lr {self.train.lr:.3g}"
+        if self.stage == "lr_search":
+            return (f"Learning-rate candidate {self.train.lr:.3g} for {what} ({heads}), {self.train.steps} steps; "
+                    "Optuna proposes, ASHA stops poor candidates early.")
+        if self.arm == "pruned":
+            when = "the trained dense model" if self.prune_at == 1.0 else f"the dense run at {self.prune_at:g} of T"
+            tail = (f", fine-tuned {self.prune.finetune_steps} steps" if self.prune.finetune_steps else "")
+            return (f"Pruned: {when} ({what}, {heads}) with {self.ratio:.0%} of its heads removed by "
+                    f"{self.method} importance ({self.scope.replace('_', ' ')}, "
+                    f"{self.schedule.replace('_', '-')}){tail}.")
+        return ARMS[self.arm].description.format(what=what, heads=heads, steps=steps, head_dim=self.model.head_dim)
+
+    def params(self) -> dict[str, str]:
+        """MLflow params: the numbers a reader compares runs by (the UI's columns)."""
+        t = self.train
+        p = {"steps": t.steps, "lr": t.lr, "lr_source": self.lr_source, "batch_size": t.batch_size,
+             "seq_len": t.seq_len, "val_every": min(t.val_every, t.steps), "corpus_hash": self.corpus_hash,
+             "data": self.data.source}
+        if self.model:
+            m = self.model
+            p.update(d_model=m.d_model, n_layers=m.n_layers, head_dim=m.head_dim, n_heads=m.n_heads,
+                     vocab_size=m.vocab_size)
+        if self.prune:
+            r = self.prune
+            p.update(finetune_steps=r.finetune_steps,
+                     finetune_lr=r.finetune_lr if r.finetune_lr is not None else "val-grid",
+                     finetune_lr_grid=",".join(f"{x:.3g}" for x in r.finetune_lr_grid) or "none",
+                     calibration_batches=r.calibration_batches)
+        return {k: str(v) for k, v in p.items()}
+
+    def to_dict(self) -> dict:
+        """The serialised unit (JSON-able; the layout keys have always hashed, so keys stay stable)."""
+        dump = lambda c: None if c is None else c.model_dump(mode="json")
+        r = self.prune or PruneRun()
+        return {
+            "stage": self.stage, "arm": self.arm, "scale": self.scale, "family": self.family, "seed": self.seed,
+            "model": dump(self.model), "train": dump(self.train), "data": dump(self.data),
+            "corpus_hash": self.corpus_hash, "heads": self.heads, "method": self.method, "ratio": self.ratio,
+            "scope": self.scope, "schedule": self.schedule, "plan": dump(self.plan), "dense_key": self.dense_key,
+            "calibration_batches": r.calibration_batches, "curve": r.curve, "curve_batches": r.curve_batches,
+            "probes": dump(self.probes), "lr_source": self.lr_source, "budget": self.budget,
+            "prune_at": self.prune_at, "snapshots": list(self.snapshots), "key": self.key,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Unit:
+        plan = d.get("plan")
+        prune = None
+        if plan is not None:
+            prune = PruneRun(**{k: plan[k] for k in _PLAN_FIELDS}, calibration_batches=d["calibration_batches"],
+                             curve=d["curve"], curve_batches=d["curve_batches"])
+        return cls(d["stage"], d["arm"], d["scale"], d["family"], d["seed"],
+                   ModelConfig(**d["model"]) if d["model"] else None, TrainConfig(**d["train"]),
+                   DataConfig(**d["data"]), d["corpus_hash"], d["heads"], method=d["method"], ratio=d["ratio"],
+                   scope=d["scope"], schedule=d["schedule"], prune=prune, dense_key=d["dense_key"],
+                   probes=ProbeRun(**d["probes"]) if d.get("probes") else None, lr_source=d["lr_source"],
+                   budget=d.get("budget"), prune_at=d.get("prune_at", 1.0), snapshots=tuple(d.get("snapshots", ())),
+                   key=d["key"])
+
+
+def _heads(h) -> str:
+    if isinstance(h, int):
+        return str(h)
+    return str(h[0]) if len(set(h)) == 1 else ",".join(map(str, h))
+
+
+
+def arch_key(model: ModelConfig) -> str:
+    """An architecture trained from scratch, as the learning-rate search knows it: heads × head_dim ("4x16"; per
+    layer counts "3,4,5x16")."""
+    return f"{_heads(list(model.layer_heads))}x{model.head_dim}"
