@@ -1,4 +1,4 @@
-"""The LightningModule: causal-LM or masked-LM loss, AdamW with warmup + cosine decay, the metrics of DESIGN.md.
+"""The LightningModule: causal-LM or masked-LM loss, AdamW with warmup + cosine decay, the metrics of docs/design.md.
 
 A Lightning checkpoint of `HeadroomLM` carries the ModelConfig and TrainConfig as hyper-parameters, so
 `load_lm(path)` rebuilds the model from the checkpoint alone.

@@ -37,7 +37,7 @@ def heads_to_keep(scores: torch.Tensor, heads: list[int], ratio: float, scope: s
                   removed: torch.Tensor | None = None, clamp: bool = False) -> list[list[int]]:
     """The heads that stay when a fraction `ratio` of all heads goes, lowest scores first.
 
-    per_layer: layer l loses round(ratio·n_l) heads (DESIGN.md's heads_kept). global: round(ratio·N) heads go
+    per_layer: layer l loses round(ratio·n_l) heads (config.heads_kept). global: round(ratio·N) heads go
     wherever they score lowest, but never the last head of a layer. `removed` ([L, H] bool) marks heads already
     gone (iterative schedule): they go first. `clamp` keeps one head in a layer instead of raising (prune curve).
     Ties break by position, so the choice is deterministic."""

@@ -72,6 +72,12 @@ def scratch_architectures(sweep: Sweep, scale: str, family: str, vocab_size: int
     return out
 
 
+def trial_resources(sweep: Sweep, unit: Unit) -> dict:
+    """What a unit's trial holds: its scale's resources (a prune unit scores and prunes on one worker)."""
+    r = sweep.resources_for(unit.scale).as_dict()
+    return {**r, "workers": 1} if unit.stage == "prune" else r
+
+
 def lr_for(sweep: Sweep, scale: str, family: str, arch: str, searched: dict | None = None) -> tuple[float, str]:
     """(learning rate, where it came from) of a run of architecture `arch` at (scale, family): the rate the search
     found for that architecture ("searched"), the sweep's one number ("sweep"), or the scale preset's ("preset").

@@ -27,7 +27,7 @@ from lightning_modules.config import (
 )
 from lightning_modules.methods import get_method
 
-from .plan import Unit, global_control_units, lr_search_bases, prune_units, snapshot_step, train_units
+from .plan import Unit, global_control_units, lr_search_bases, prune_units, snapshot_step, train_units, trial_resources
 from .spec import Sweep
 
 # the JSON field names other tools rely on (a row has more)
@@ -158,12 +158,6 @@ def _prune_cost(sweep: Sweep, u: Unit, plan: PrunePlan, fwd_dense: int, fwd_prun
 # ------------------------------------------------------------------------------------------------ rows
 
 
-def _resources(sweep: Sweep, u: Unit) -> dict:
-    """What the unit's trial asks for: its scale's resources; a prune trial scores and prunes on one worker."""
-    r = sweep.resources_for(u.scale).as_dict()
-    return {**r, "workers": 1} if u.stage == "prune" else r
-
-
 def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: int, est: int, sweep: Sweep,
          heads: list[int] | None, lr, trials=None) -> PlanRow:
     t = u.train
@@ -176,7 +170,7 @@ def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: 
         lr_source=source, steps=steps, tokens=tokens, params=params, flops_per_token=fwd,
         train_flops=3 * fwd * tokens, est_flops=int(est), ratio=u.ratio, method=None if u.method == "none" else
         u.method, scope=None if u.scope == "none" else u.scope, seed=u.seed,
-        resources=_resources(sweep, u), trials=trials, budget=u.budget,
+        resources=trial_resources(sweep, u), trials=trials, budget=u.budget,
         prune_at=u.prune_at if u.stage == "prune" else None)
 
 

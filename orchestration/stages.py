@@ -4,7 +4,7 @@
     train                 dense runs and the controls known before pruning (per_layer Scratch-E, Scratch-B, wide)
     prune                 one trial per (dense checkpoint × method × ratio × scope × schedule); never retrains
     controls              Scratch-E/B of `global` prunes, copying the pruned per-layer head counts
-    summary               a table of mean losses (the verdict report is orchestration/report.py)
+    summary               a table of mean losses (the verdict report is orchestration/report/)
 
 Each stage is one Tuner over the units MLflow does not hold as finished. Within a run Ray retries a failed trial
 (FailureConfig) from its newest Tune checkpoint. Across driver runs the MLflow child of each unit is the index:
@@ -37,6 +37,7 @@ from .plan import (
     pretrained_units,
     prune_units,
     train_units,
+    trial_resources,
 )
 from .preflight import check_units
 from .report import headline_table, write_report
@@ -163,9 +164,7 @@ class Sweeper:
 
     # ------------------------------------------------------------------------------------------- resources
     def _resources_of(self, unit: Unit) -> dict:
-        """What a unit's trial holds: its scale's resources (a prune unit: one worker's share)."""
-        r = self.sweep.resources_for(unit.scale)
-        return {**r.as_dict(), "workers": 1 if unit.stage == "prune" else r.workers}
+        return trial_resources(self.sweep, unit)
 
     def _ddp(self) -> dict:
         """scale -> how its train trials run data-parallel (absent: in the trial's own process)."""
@@ -418,7 +417,7 @@ class Sweeper:
 
     # ------------------------------------------------------------------------------------------- report
     def report(self) -> bool:
-        """The verdict report (orchestration/report.py) of this sweep, into reports/<name>/ and the parent run.
+        """The verdict report (orchestration/report/) of this sweep, into reports/<name>/ and the parent run.
         False when it could not be written (the sweep's runs stay; `headroom report` can try again)."""
         try:
             out, rep = write_report(self.where.tracking_uri, self.sweep.name, self.where.reports)

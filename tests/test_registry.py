@@ -131,3 +131,22 @@ def test_the_report_carries_a_declared_method_and_control(declared, tmp_path):
     # the headline withholds the words until the trust checks can run (no random method, no half-budget run)
     assert rep.headline("xs", "decoder").startswith("unverified: informative_beats_random, converged")
     assert control_names()[-1] == "scratch_h"
+
+
+def test_the_report_refuses_to_drop_a_run_that_its_grouping_cannot_tell_apart():
+    """Runs are grouped by named axes; two runs that differ only on an axis the grouping leaves out (here the
+    budget of a scale, were it not part of the cell) must not silently overwrite each other by seed."""
+    from orchestration.report import Run
+    from orchestration.report.analysis import by_seed, pruned_groups
+
+    def run(name, **tags):
+        base = {"stage": "prune", "arm": "pruned", "scale": "xs", "family": "decoder", "method": "gradient",
+                "ratio": "0.5", "scope": "per_layer", "schedule": "one_shot", "seed": "0", **tags}
+        return Run(name, name, "FINISHED", {f"headroom.{k}": v for k, v in base.items()}, {}, {})
+
+    a, b = run("xs-T100-a", steps="100"), run("xs-T200-b", steps="200")
+    assert {k: sorted(v) for k, v in pruned_groups([a, b]).items()} == {
+        ("xs-T100", "decoder", 0.5, "gradient", "per_layer", "one_shot"): [0],
+        ("xs-T200", "decoder", 0.5, "gradient", "per_layer", "one_shot"): [0]}  # the cell keeps them apart
+    with pytest.raises(ValueError, match="xs-T100-a and xs-T200-b share family, method and seed 0"):
+        by_seed([a, b], ("family", "method"))

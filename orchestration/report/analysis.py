@@ -18,6 +18,12 @@ from .stats import ALPHA, holm, paired, t_interval, verdict_of
 PRIMARY = {"method": "gradient", "scope": "per_layer", "schedule": "one_shot", "eval_set": "id"}
 
 
+def is_primary(row, *fields: str) -> bool:
+    """Whether a row (a comparison, a prunable row, a curve point) has the primary comparison's value of each of
+    `fields` (default: every field of PRIMARY the row has). The primary comparison is declared once, above."""
+    return all(getattr(row, k) == PRIMARY[k] for k in (fields or [k for k in PRIMARY if hasattr(row, k)]))
+
+
 # ------------------------------------------------------------------------------------------------ grouping
 
 
@@ -37,22 +43,34 @@ def by_scale(groups: dict) -> list:
     return sorted(groups.items(), key=lambda kv: (scale_rank(kv[0][0]), kv[0]))
 
 
-def pruned_groups(runs: list[Run]) -> dict:
-    """(scale, family, ratio, method, scope, schedule) -> {seed: pruned run}, of the trained models' prunes
-    (prune_at 1; the timing axis has its own rows)."""
+def by_seed(runs: list[Run], axes: tuple[str, ...]) -> dict:
+    """Runs grouped by the named axes (orchestration/axes.py; `scale` is the cell, budget included), then by seed:
+    {(values of axes): {seed: run}}. Two runs that share every named axis and the seed would overwrite each other —
+    the grouping left out an axis they differ on — so that raises, naming both, instead of dropping one."""
     groups = defaultdict(dict)
     for r in runs:
-        if r.arm == "pruned" and r.prune_at == 1.0:
-            groups[(r.scale, r.family, r.ratio, r.method, r.scope, r.schedule)][r.seed] = r
+        g = groups[tuple(getattr(r, a) for a in axes)]
+        if r.seed in g:
+            raise ValueError(f"runs {g[r.seed].name} and {r.name} share {', '.join(axes)} and seed {r.seed}: the "
+                             "report's grouping leaves out an axis they differ on")
+        g[r.seed] = r
     return groups
 
 
+PRUNED_AXES = ("scale", "family", "ratio", "method", "scope", "schedule")
+
+
+def pruned_groups(runs: list[Run]) -> dict:
+    """(scale, family, ratio, method, scope, schedule) -> {seed: pruned run}, of the trained models' prunes
+    (prune_at 1; the timing axis has its own rows)."""
+    return by_seed([r for r in runs if r.arm == "pruned" and r.prune_at == 1.0], PRUNED_AXES)
+
+
 def control_runs(runs: list[Run]) -> dict:
-    idx = defaultdict(dict)
-    for r in runs:
-        if r.arm in control_names():
-            idx[(r.arm, r.scale, r.family, r.ratio, r.method, r.scope, r.schedule)][r.seed] = r
-    return idx
+    """(arm, scale, family, ratio, method, scope, schedule) -> {seed: control run} (method, scope and schedule
+    "none"/"per_layer" except a global prune's own controls)."""
+    controls = control_names()
+    return by_seed([r for r in runs if r.arm in controls], ("arm", *PRUNED_AXES))
 
 
 def _heads(text: str | None):

@@ -12,7 +12,7 @@ from lightning_modules.arms import control_names
 from lightning_modules.arms import label as arm_label
 
 from . import axes, plots
-from .analysis import PRIMARY, eval_sets, mean
+from .analysis import PRIMARY, eval_sets, is_primary, mean
 from .read import Run, scores_of
 from .render import Doc, fmt_ci, fmt_p, fmt_ratio
 from .stats import paired, t_interval, verdict_of
@@ -65,8 +65,8 @@ def _headline(doc: Doc, rep: Report, pg: _Page) -> None:
     for scale, family in pg.scale_families:
         lines.append(f"**{scale} {family}**: {rep.headline(scale, family)}.")
         for ratio in sorted({c.ratio for c in rep.prunable if (c.scale, c.family) == (scale, family)}):
-            h1 = [p for p in rep.prunable if (p.scale, p.family, p.ratio, p.eval_set, p.scope,
-                                              p.schedule) == (scale, family, ratio, "id", "per_layer", "one_shot")]
+            h1 = [p for p in rep.prunable if (p.scale, p.family, p.ratio) == (scale, family, ratio)
+                  and is_primary(p, "eval_set", "scope", "schedule")]
             prim = {c.control: c for c in rep.primary() if (c.scale, c.family, c.ratio) ==
                     (scale, family, ratio)}
             table.append([scale, family, fmt_ratio(ratio),
@@ -108,8 +108,7 @@ def _comparisons(doc: Doc, rep: Report, pg: _Page) -> None:
           "rows' verdicts are Holm-adjusted (`Holm CI`, `p Holm`: the scale's ratios × controls are one family); "
           "secondary rows are unadjusted.")
     forest = pg.plots / "comparisons.png"
-    plots.forest_plot([c for c in rep.comparisons if c.eval_set == "id" and c.scope == "per_layer"
-                       and c.schedule == "one_shot" and c.method == PRIMARY["method"]], forest)
+    plots.forest_plot([c for c in rep.comparisons if is_primary(c)], forest)
     doc.img(forest, "Primary method: control − pruned loss on id, mean and 95% CI per ratio and control "
                     "(right of 0: pruning wins)")
     main_rows, second = [], []
@@ -123,8 +122,7 @@ def _comparisons(doc: Doc, rep: Report, pg: _Page) -> None:
                f"{c.diff_mean:+.4f}", fmt_ci(c.ci95), fmt_p(c.p_value), fmt_ci(c.ci95_holm), fmt_p(c.p_holm),
                c.verdict]
         main_method = c.method == PRIMARY["method"] or is_best
-        if (main_method and c.scope == "per_layer" and c.schedule == "one_shot"
-                and c.eval_set == PRIMARY["eval_set"]):
+        if main_method and is_primary(c, "scope", "schedule", "eval_set"):
             main_rows.append(row)
         else:
             second.append(row)
@@ -172,8 +170,8 @@ def _curves(doc: Doc, rep: Report, pg: _Page) -> None:
     frac_rows = []
     for scale, family in pg.scale_families:
         for ev in pg.sets[:2]:
-            rows = [c for c in rep.curves if (c.scale, c.family, c.eval_set, c.scope, c.schedule) ==
-                    (scale, family, ev, "per_layer", "one_shot")]
+            rows = [c for c in rep.curves if (c.scale, c.family, c.eval_set) == (scale, family, ev)
+                    and is_primary(c, "scope", "schedule")]
             if not rows:
                 rows = [c for c in rep.curves if (c.scale, c.family, c.eval_set) == (scale, family, ev)]
             if not rows:
@@ -330,7 +328,7 @@ def _heatmap_runs(runs: list[Run]):
         if r.arm != "pruned" or r.prune_at != 1.0:
             continue
         k = (r.scale, r.family, r.method)
-        rank = (r.scope != "per_layer", r.schedule != "one_shot", r.seed, r.ratio or 0)
+        rank = (not is_primary(r, "scope"), not is_primary(r, "schedule"), r.seed, r.ratio or 0)
         if k not in pick or rank < pick[k][0]:
             pick[k] = (rank, r)
     for (scale, family, method), (_, r) in sorted(pick.items()):

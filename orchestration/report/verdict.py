@@ -12,7 +12,7 @@ from lightning_modules.config import DEFAULT_TOLERANCE, HeadroomInputError
 
 from ..plan import scale_rank
 from ..spec import TrustSpec
-from .analysis import PRIMARY, best_methods, comparisons, prunable, prunable_fractions, prune_curves
+from .analysis import PRIMARY, best_methods, comparisons, is_primary, prunable, prunable_fractions, prune_curves
 from .diagnostics import Diagnostic, diagnose, untrustworthy, unverified
 from .read import SweepRuns, Windows
 from .render import fmt_ci, fmt_p
@@ -165,7 +165,7 @@ def headline_table(rep: Report) -> str:
                     lines.append(f"      {STATE_WORDS[g.state].strip('*')} check {g.check}: {g.detail}")
     else:  # no controls (a pretrained sweep): half (1) only
         for p in rep.prunable:
-            if (p.scope, p.schedule, p.eval_set) == (PRIMARY["scope"], PRIMARY["schedule"], "id"):
+            if is_primary(p, "scope", "schedule", "eval_set"):
                 lines.append(f"  {p.scale} {p.family} r{p.ratio:g} {p.method}: {p.verdict} "
                              f"(before fine-tune {p.pruned_loss:.4f} vs dense {p.dense_loss:.4f}, "
                              f"tolerance {p.tolerance:.0%})")
