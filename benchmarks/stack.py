@@ -22,17 +22,14 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from functools import cache
 from pathlib import Path
 
 import yaml
+from loopback import free_port, stop_group, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -49,30 +46,6 @@ def missing() -> str | None:
     if os.geteuid() == 0 and shutil.which("runuser") is None:
         return "runuser (to start PostgreSQL as its own user under root) is not on PATH"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None, log: Path | None = None,
-              headers: dict | None = None) -> None:
-    """Until `url` answers at all (an HTTP error is an answer); fails early if `proc` exits."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{url}: the server exited with {proc.returncode}:\n"
-                               + (log.read_text()[-4000:] if log else ""))
-        try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=3):
-                return
-        except urllib.error.HTTPError:
-            return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"{url} did not answer in {timeout} s:\n" + (log.read_text()[-4000:] if log else ""))
 
 
 @cache
@@ -93,20 +66,6 @@ def container_env(container: dict, values: dict, local) -> dict:
         ref = e.get("valueFrom", {}).get("secretKeyRef")
         out[e["name"]] = values[(ref["name"], ref["key"])] if ref else local(e["value"])
     return out
-
-
-def _stop_group(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
-    """Signal a process started in its own session, and everything it started; SIGKILL if it lingers."""
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, sig)
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout)
-    except ProcessLookupError:
-        pass
 
 
 # ------------------------------------------------------------------------------------------------ services
@@ -225,7 +184,7 @@ class S3:
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """SIGTERM: the server saves its state (a restart keeps it); SIGKILL: it does not."""
-        _stop_group(self.proc, sig, timeout=120)
+        stop_group(self.proc, sig, timeout=120)
 
 
 class MLflow:
@@ -277,7 +236,7 @@ class MLflow:
         wait_http(f"{self.url}/health", timeout=180, proc=self.proc, log=log)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        _stop_group(self.proc, sig)
+        stop_group(self.proc, sig)
 
     def create_sweep_user(self) -> str:
         """The Job mlflow-users: its script (from its ConfigMap) with its environment. Returns the script's output."""

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-from .methods import get_method
 
 Family = Literal["decoder", "encoder"]
 FAMILIES: tuple[str, ...] = ("decoder", "encoder")
@@ -354,70 +352,3 @@ def wide_head_dim(d_model: int, n_heads_kept: int, width: int | None = None) -> 
         raise HeadroomInputError(f"wide: {n_heads_kept} heads leave less than 2 dimensions each of the dense "
                                  f"attention width {cap}")
     return hd
-
-
-# ---------------------------------------------------------------------------------------------- pruning
-
-
-# defaults used wherever a prune is set up (sweep files, `headroom prune`, the prune trials)
-DEFAULT_TOLERANCE = 0.05  # "prunable": pruned loss before fine-tune <= dense loss x (1 + tolerance)
-DEFAULT_CALIBRATION_BATCHES = 8
-DEFAULT_FINETUNE_LR = 3e-4  # `headroom prune`'s fixed fine-tune rate (a sweep chooses one from the grid)
-DEFAULT_FINETUNE_LR_GRID = (0.03, 0.1, 0.3)  # multiples of the dense model's rate, chosen on val
-
-
-def check_method(v: str) -> str:
-    """A declared scoring method's name (lightning_modules.methods); ValueError naming the choices otherwise."""
-    return get_method(v).name
-Scope = Literal["per_layer", "global"]
-PruneSchedule = Literal["one_shot", "iterative"]
-
-
-class PrunePlan(Strict):
-    """What to remove: a fraction `ratio` of the heads, chosen per layer or globally (at least one head stays in
-    every layer), in one shot or iteratively (`step` of the heads at a time, re-scoring in between, as Michel et
-    al. 2019), then `finetune_steps` of recovery training.
-
-    The recovery fine-tune's learning rate is `finetune_lr` when given; otherwise each rate of
-    `finetune_lr_grid` fine-tunes a copy of the pruned model and the one with the lowest validation loss is kept
-    (chosen on the validation split, never on an eval set)."""
-
-    method: str = "gradient"
-    ratio: float = Field(ge=0, lt=1)
-    scope: Scope = "per_layer"
-    schedule: PruneSchedule = "one_shot"
-    step: float = Field(default=0.1, gt=0, le=1)
-    finetune_steps: int = Field(default=0, ge=0)
-    finetune_lr: float | None = Field(default=None, gt=0)
-    finetune_lr_grid: tuple[Annotated[float, Field(gt=0)], ...] = ()
-    seed: int = Field(default=0, ge=0)
-
-    @model_validator(mode="after")
-    def _finetune_rate(self):
-        if self.finetune_steps and self.finetune_lr is None and not self.finetune_lr_grid:
-            raise ValueError("a recovery fine-tune needs finetune_lr or a finetune_lr_grid to choose it from")
-        return self
-
-    @property
-    def finetune_lrs(self) -> tuple[float, ...]:
-        """The fine-tune rates to try: the fixed one, or the grid."""
-        return (self.finetune_lr,) if self.finetune_lr is not None else tuple(self.finetune_lr_grid)
-
-    @property
-    def recovery_steps(self) -> int:
-        """Steps trained at the pruned size in recovery: F for each rate tried (Scratch-B's budget counts them all)."""
-        return self.finetune_steps * len(self.finetune_lrs)
-
-    _method = field_validator("method")(classmethod(lambda cls, v: check_method(v)))
-
-
-def check_ratio_fits(layer_heads: list[int], ratio: float, scope: str) -> None:
-    """Per-layer scope removes round(ratio·n_l) heads of each layer: that must leave at least one everywhere."""
-    if not 0 <= ratio < 1:
-        raise HeadroomInputError(f"ratio {ratio} must be in [0, 1)")
-    if scope == "per_layer":
-        for l, n in enumerate(layer_heads):
-            if n - heads_removed(n, ratio) < 1:
-                raise HeadroomInputError(f"ratio {ratio} would empty layer {l} ({n} heads) under per_layer scope")
-    elif sum(layer_heads) - heads_removed(sum(layer_heads), ratio) < len(layer_heads):
-        raise HeadroomInputError(f"ratio {ratio} leaves fewer heads than layers")

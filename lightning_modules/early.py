@@ -16,10 +16,12 @@ from pathlib import Path
 
 import torch
 
-from .config import DEFAULT_CALIBRATION_BATCHES, HeadroomInputError, PrunePlan
-from .heads import layer_heads, prune_heads
+from .config import HeadroomInputError
+from .families import layer_heads
+from .heads import prune_heads
 from .lm import HeadroomLM, eval_record, load_lm, optimizer_params
 from .models import count_parameters
+from .prune_plan import DEFAULT_CALIBRATION_BATCHES, PrunePlan
 from .pruning import WorkTimer, evaluate_loss, forward_flops, recover, select_heads, split_windows
 from .scoring import LossFn, default_loss
 from .train import TrainClock, build_trainer, fit

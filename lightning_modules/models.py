@@ -27,7 +27,8 @@ from torch import nn
 
 from .checkpoints import read_model_config
 from .config import EOS_ID, PAD_ID, HeadroomInputError, ModelConfig
-from .heads import attention_modules, family_of, layer_shapes, reshape_layers
+from .families import family_of, layer_shapes
+from .heads import attention_modules, reshape_layers
 
 # architectures headroom loads, by the name transformers writes into config.json
 ARCHITECTURES = {

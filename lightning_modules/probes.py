@@ -22,8 +22,9 @@ from collections.abc import Callable
 import torch
 from pytorch_lightning.callbacks import Callback
 
-from .config import DEFAULT_TOLERANCE, prunable_fraction
-from .heads import family_of
+from .config import prunable_fraction
+from .families import family_of
+from .prune_plan import DEFAULT_TOLERANCE
 from .pruning import prune_curve
 from .scoring import default_loss, score_heads
 

@@ -13,17 +13,12 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from .config import (
-    DEFAULT_CALIBRATION_BATCHES,
-    HeadroomInputError,
-    PrunePlan,
-    TrainConfig,
-    check_ratio_fits,
-    heads_removed,
-)
-from .heads import attention_modules, head_gate, keep_mask, layer_heads, layer_shapes, prune_heads
+from .config import HeadroomInputError, TrainConfig, heads_removed
+from .families import layer_heads, layer_shapes
+from .heads import attention_modules, head_gate, keep_mask, prune_heads
 from .lm import HeadroomLM, eval_record, evaluate
 from .models import count_parameters
+from .prune_plan import DEFAULT_CALIBRATION_BATCHES, PrunePlan, check_ratio_fits
 from .scoring import LossFn, default_loss, score_heads
 from .train import TrainClock, build_trainer, fit
 

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from .config import HeadroomInputError
-from .heads import head_gate, head_weights, layer_heads
+from .families import head_weights, layer_heads
+from .heads import head_gate
 from .methods import METHODS, get_method
 from .models import has_lm_head, set_attention, token_losses
 

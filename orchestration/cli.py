@@ -7,7 +7,6 @@ import argparse
 import base64
 import json
 import os
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -16,19 +15,12 @@ from pathlib import Path
 from typing import get_args
 
 from lightning_modules.checkpoints import checkpoint_info
-from lightning_modules.config import (
-    DEFAULT_CALIBRATION_BATCHES,
-    DEFAULT_FINETUNE_LR,
-    FAMILIES,
-    SCALES,
-    HeadroomInputError,
-    Precision,
-    Schedule,
-    Scope,
-)
+from lightning_modules.config import FAMILIES, SCALES, HeadroomInputError, Precision, Schedule
 from lightning_modules.methods import METHODS
+from lightning_modules.prune_plan import DEFAULT_CALIBRATION_BATCHES, DEFAULT_FINETUNE_LR, Scope
 from lightning_modules.tokens import planned_vocab_size
 
+from .bench import add_bench
 from .commands import cmd_prune, cmd_score, cmd_train
 from .frameworks import quiet_frameworks as _quiet_frameworks
 from .plan import pretrained_units
@@ -178,44 +170,6 @@ def _add_report(sub) -> None:
     p.set_defaults(func=cmd_report)
 
 
-BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
-    "train_overhead": ["--steps", "6", "--warmup", "2", "--batch-size", "4", "--seq-len", "32", "--repeats", "2"],
-    "ablation_batched": ["--scale", "xs", "--batches", "1", "--batch-size", "2", "--seq-len", "32",
-                         "--max-rows", "16", "--repeats", "2"],
-    "prune_speed": ["--scale", "xs", "--batch-size", "2", "--seq-len", "32", "--repeats", "2", "--passes", "1",
-                    "--warmup", "1"],
-    "sweep_reuse": ["--tiny"],
-    "compute_share": ["--tiny"],
-    "faults": ["--tiny"],  # needs PostgreSQL 15's server binaries and kubectl (benchmarks/stack.py)
-    "train_kernels": ["--steps", "6", "--warmup", "2", "--repeats", "1", "--batch-size", "4", "--seq-len", "32",
-                "--compile-backend", "aot_eager"],
-}
-# `headroom bench --gpu`: the GPU questions, sized to fit a few minutes of one GPU, declared once in
-# benchmarks/gpu_sizes.json (benchmarks/gpu_check.sh reads the same file): MFU at l and xl, batched ablation,
-# pruned latency in bf16, kernel choices, and peak memory with every evaluation on cuda
-GPU_SIZES = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sizes.json"
-
-
-def gpu_benchmarks() -> dict[str, list[str]]:
-    """name -> arguments of each GPU benchmark (none where benchmarks/ is not beside the package)."""
-    if not GPU_SIZES.is_file():
-        return {}
-    return {k: v["args"] for k, v in json.loads(GPU_SIZES.read_text()).items() if k != "_doc"}
-
-
-def _add_bench(sub) -> None:
-    p = sub.add_parser("bench", help="run the scripts of benchmarks/ and print their ratios",
-                       description="Run benchmarks/*.py (each measures a ratio side by side in one run and writes "
-                                   "JSON) and print the ratios against their goals.")
-    p.add_argument("names", nargs="*", help=f"which (default all): {', '.join(BENCHMARKS)}")
-    p.add_argument("--tiny", action="store_true", help="the tiny sizes CI uses (checks that they run, not speed)")
-    p.add_argument("--gpu", action="store_true",
-                   help=f"the GPU measurements ({', '.join(gpu_benchmarks())} at GPU sizes: MFU at l and xl, batched "
-                        "ablation, pruned latency in bf16); needs a CUDA GPU")
-    p.add_argument("--out-dir", default="benchmarks/results", help="where the JSON goes")
-    p.set_defaults(func=cmd_bench)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="headroom", description="Is multi-head attention over-provisioned? "
                                                   "Prune-vs-scratch experiments at several scales.")
@@ -230,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prune(sub)
     _add_sweep(sub)
     _add_report(sub)
-    _add_bench(sub)
+    add_bench(sub)
     return parser
 
 
@@ -335,69 +289,6 @@ def cmd_report(args) -> int:
         print(f"headroom: partial report, {len(rep.data.missing)} planned unit(s) missing: "
               + ", ".join(rep.data.missing[:10]) + (" ..." if len(rep.data.missing) > 10 else ""), file=sys.stderr)
     return 0
-
-
-def _spread_text(v: float, sp: dict | None) -> str:
-    if not sp:
-        return f"{v:.3g}"
-    iqr, iv = sp["iqr"], sp["interval"]
-    return (f"{v:.3g} (IQR {iqr[0]:.3g}–{iqr[1]:.3g}; {sp['coverage']:.0%} interval {iv[0]:.3g}–{iv[1]:.3g}; "
-            f"n={sp['n']})")
-
-
-def _bench_lines(name: str, res: dict) -> list[str]:
-    """A benchmark's median(s) with their spread, from its JSON: one line, or one per comparison (a ratio of
-    prune_speed, a choice of train_kernels)."""
-    key = next((k for k in ("median_ratio", "median_speedup", "median_recovery_s") if k in res), None)
-    if key is None:
-        return [f"{name}: see JSON"]
-    what = key.removeprefix("median_")
-    value, spread = res[key], res.get("spread")
-    if isinstance(value, dict):
-        by = res.get("meets_goal_by", {})
-        return [f"{name} {k}: median {what} {_spread_text(v, (spread or {}).get(k))}"
-                + (f"; meets goal: {by[k]}" if k in by else "") for k, v in value.items()]
-    return [f"{name}: median {what} {_spread_text(value, spread)}"]
-
-
-def cmd_bench(args) -> int:
-    root = Path(__file__).resolve().parents[1] / "benchmarks"
-    gpu = gpu_benchmarks()
-    table = gpu if args.gpu else BENCHMARKS
-    if args.gpu and args.tiny:
-        raise HeadroomInputError("bench: --gpu and --tiny exclude each other")
-    names = args.names or list(table)
-    for n in names:
-        if n not in table:
-            raise HeadroomInputError(f"bench: unknown benchmark {n!r}; choose from {', '.join(table)}")
-    if args.gpu:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise HeadroomInputError("bench --gpu: no CUDA GPU is visible on this machine")
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    failed = 0
-    for n in names:
-        out = out_dir / f"{n}.json"
-        sized = gpu[n] if args.gpu else BENCHMARKS[n] if args.tiny else []
-        cmd = [sys.executable, str(root / f"{n}.py"), *sized, "--out", str(out)]
-        print(f"== {n}: {' '.join(cmd[1:])}", flush=True)
-        r = subprocess.run(cmd, check=False)
-        if r.returncode != 0 or not out.exists():
-            print(f"{n}: failed (exit {r.returncode})")
-            failed += 1
-            continue
-        res = json.loads(out.read_text())
-        for line in _bench_lines(n, res):
-            print(line)
-        print(f"{n}: meets goal: {res.get('meets_goal')} (goal {res.get('goal')}; {out})")
-        if res.get("mfu"):
-            m = res["mfu"]
-            print(f"{n}: MFU " + ", ".join(f"{k} {v['mfu']:.1%}" for k, v in m.items() if isinstance(v, dict))
-                  + f" of a measured peak of {m['peak_flops'] / 1e12:.0f} TFLOP/s; goal {res['goal_mfu']:.0%} "
-                  f"at xl; meets goal: {res.get('meets_goal_mfu')}")
-    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,16 +13,15 @@ from lightning_modules.checkpoints import checkpoint_info
 from lightning_modules.config import (
     DataConfig,
     HeadroomInputError,
-    PrunePlan,
     TrainConfig,
     check_compatible,
-    check_ratio_fits,
     first_error,
     model_config_for,
     train_config_for,
 )
 from lightning_modules.corpus import check_source
 from lightning_modules.methods import METHODS
+from lightning_modules.prune_plan import PrunePlan, check_ratio_fits
 
 from .frameworks import quiet_frameworks
 from .report.plots import heatmap, prune_curve_plot

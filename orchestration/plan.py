@@ -13,12 +13,12 @@ from lightning_modules.config import (
     BYTE_VOCAB_SIZE,
     SCALES,
     ModelConfig,
-    PrunePlan,
     TrainConfig,
     heads_kept,
     model_config_for,
     train_config_for,
 )
+from lightning_modules.prune_plan import PrunePlan
 
 from .spec import Sweep
 from .unit import (  # noqa: F401 - the unit's names, where the stages, trials and report have always found them
@@ -70,12 +70,6 @@ def scratch_architectures(sweep: Sweep, scale: str, family: str, vocab_size: int
                                            f"{scale}-{family}-{name}-r{ratio:g} (lr search)"))
                 out.setdefault(arch_key(m), (arm.search_as or name, m))
     return out
-
-
-def trial_resources(sweep: Sweep, unit: Unit) -> dict:
-    """What a unit's trial holds: its scale's resources (a prune unit scores and prunes on one worker)."""
-    r = sweep.resources_for(unit.scale).as_dict()
-    return {**r, "workers": 1} if unit.stage == "prune" else r
 
 
 def lr_for(sweep: Sweep, scale: str, family: str, arch: str, searched: dict | None = None) -> tuple[float, str]:

@@ -20,14 +20,15 @@ from lightning_modules.config import (
     EVAL_CAP_TOKENS,
     HeadroomInputError,
     ModelConfig,
-    PrunePlan,
     TrainConfig,
     check_compatible,
     heads_removed,
 )
 from lightning_modules.methods import get_method
+from lightning_modules.prune_plan import PrunePlan
 
-from .plan import Unit, global_control_units, lr_search_bases, prune_units, snapshot_step, train_units, trial_resources
+from .plan import Unit, global_control_units, lr_search_bases, prune_units, snapshot_step, train_units
+from .resources import trial_resources
 from .spec import Sweep
 
 # the JSON field names other tools rely on (a row has more)

@@ -15,13 +15,12 @@ rerun a trial that had already finished; the MLflow record is exact.)
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from lightning_modules.checkpoints import checkpoint_info
@@ -37,68 +36,15 @@ from .plan import (
     pretrained_units,
     prune_units,
     train_units,
-    trial_resources,
 )
 from .preflight import check_units
 from .report import headline_table, write_report
-from .spec import Sweep, resolve_tracking_uri
+from .resources import concurrency, ddp_trials, trial_bundle, trial_resources
+from .spec import Sweep
 from .summary import loss_table, timing
+from .where import Where, checkpoint_id, resolve_paths, resolve_where
 
-# what the trial function of a data-parallel trial holds while its Ray Train workers train: memory for the
-# process (torch imported), no CPU — it waits, and a share of a CPU would keep W one-CPU workers off a W-CPU node
-DRIVER_BUNDLE = {"memory": 2**30}
 FAULT_ENV = "HEADROOM_TEST_FAULT_STEP"  # test-only: the first dense train trial to reach this step kills itself
-
-
-@dataclass(frozen=True)
-class Where:
-    tracking_uri: str
-    storage: str  # an absolute path, or a URI Ray Tune supports (s3://, gs://, ...)
-    reports: Path
-    address: str | None
-
-    @property
-    def local_storage(self) -> Path | None:
-        return None if "://" in self.storage else Path(self.storage)
-
-
-def resolve_where(sweep: Sweep, tracking_uri: str | None, storage: str | None, address: str | None) -> Where:
-    """Every path is resolved here, in the driver: trials run in their own working directories, on any node."""
-    st = storage or sweep.storage or "ray_results"
-    if "://" not in st:
-        st = str(Path(st).expanduser().resolve())
-    return Where(resolve_tracking_uri(tracking_uri or sweep.tracking_uri), st,
-                 Path("reports", sweep.name).resolve(), address or os.environ.get("RAY_ADDRESS") or None)
-
-
-def _abs(path: str) -> str:
-    return str(Path(path).expanduser().resolve())
-
-
-def resolve_paths(sweep: Sweep) -> Sweep:
-    """The sweep with every local path absolute (data globs, local datasets, tokenizer and checkpoint
-    directories): trials run in their own working directories. A pretrained sweep with the default byte
-    tokenizer takes the checkpoint's own tokenizer when it has one."""
-    data = sweep.data
-    kind, _, rest = data.source.partition(":")
-    update = {}
-    if kind == "path":
-        update["source"] = "path:" + _abs(rest)
-    elif kind == "hf" and rest.startswith((".", "/", "~")):
-        update["source"] = "hf:" + _abs(rest)
-    if data.shift and data.shift.startswith("path:"):
-        update["shift"] = "path:" + _abs(data.shift[5:])
-    if data.tokenizer.startswith("pretrained:"):
-        update["tokenizer"] = "pretrained:" + _abs(data.tokenizer[11:])
-    top = {}
-    if sweep.pretrained is not None:
-        info = checkpoint_info(sweep.pretrained.checkpoint)
-        top["pretrained"] = sweep.pretrained.model_copy(update={"checkpoint": _abs(sweep.pretrained.checkpoint)})
-        if data.tokenizer == "byte" and info.has_tokenizer:
-            update["tokenizer"] = "pretrained:" + _abs(info.model_dir)
-        if sweep.family is None:
-            top["family"] = [info.family]
-    return sweep.model_copy(update={**top, "data": data.model_copy(update=update)})
 
 
 class Sweeper:
@@ -131,17 +77,18 @@ class Sweeper:
         from .tracking import TrackingCallback
 
         self._ray()
-        cb = TrackingCallback(self.tracker, unit_of, self._resources_of, self.say, n, self.sweep.log_models)
+        cb = TrackingCallback(self.tracker, unit_of, partial(trial_resources, self.sweep), self.say, n,
+                              self.sweep.log_models)
         skip = frozenset(self.tracker.finished_keys())
         trains = stage != "prune"
         if trains:
-            params["ddp"] = self._ddp()
-        bundles = {s: self._trial_bundle(s, trains) for s in scales}  # plain data: Tune pickles the trainable
+            params["ddp"] = ddp_trials(self.sweep, self.where.storage, self.base)
+        bundles = {s: trial_bundle(self.sweep, s, trains) for s in scales}  # plain data: Tune pickles the trainable
         fn = tune.with_resources(tune.with_parameters(trainable, skip=skip, **params),
                                  lambda config: tune.PlacementGroupFactory([bundles[scale_of(config)]]))
         name = f"{self.base}-{stage}-{time.strftime('%Y%m%d-%H%M%S')}"
         tc = tune_config or tune.TuneConfig()
-        limit = self._concurrency(scales, trains)
+        limit = concurrency(self.sweep, scales, trains)
         if limit:  # data-parallel trials: Tune cannot see their workers' resources, so it is told how many fit
             tc.max_concurrent_trials = limit
         # torch + transformers import once per worker, not once per trial (a data-parallel trial's process only
@@ -161,44 +108,6 @@ class Sweeper:
         group = "lr_search" if stage.startswith("lr-") else stage
         self.stage_seconds[group] = self.stage_seconds.get(group, 0.0) + time.time() - t0
         return cb
-
-    # ------------------------------------------------------------------------------------------- resources
-    def _resources_of(self, unit: Unit) -> dict:
-        return trial_resources(self.sweep, unit)
-
-    def _ddp(self) -> dict:
-        """scale -> how its train trials run data-parallel (absent: in the trial's own process)."""
-        out = {}
-        for scale in self.sweep.scales or {}:
-            r = self.sweep.resources_for(scale)
-            if r.workers > 1:
-                out[scale] = {**r.as_dict(), "storage": self.where.storage, "retries": self.sweep.retries,
-                              "prefix": self.base}
-        return out
-
-    def _trial_bundle(self, scale: str | None, trains: bool) -> dict:
-        """A trial's resources: its scale's, or for a data-parallel trial what the function that drives the Ray
-        Train run needs (the workers ask Ray for their own)."""
-        r = self.sweep.resources_for(scale)
-        if trains and r.workers > 1:
-            return dict(DRIVER_BUNDLE)
-        return {"CPU": r.cpu, **({"GPU": r.gpu} if r.gpu else {})}
-
-    def _concurrency(self, scales: set[str], trains: bool) -> int | None:
-        """How many trials of a stage with data-parallel ones may run at once: as many of its largest trial as
-        the cluster holds now (None: no data-parallel trial, Tune's own accounting suffices)."""
-        import ray
-
-        need = [r for r in map(self.sweep.resources_for, scales) if r.workers > 1] if trains else []
-        if not need:
-            return None
-        have = ray.cluster_resources()
-        fits = []
-        for r in need:
-            fits.append(int(have.get("CPU", 0) // (r.cpu * r.workers)))
-            if r.gpu:
-                fits.append(int(have.get("GPU", 0) // (r.gpu * r.workers)))
-        return max(1, min(fits))
 
     def _ray(self) -> None:
         """Ray starts (or is joined) only when a stage has trials to run: a finished sweep re-run needs none."""
@@ -411,7 +320,7 @@ class Sweeper:
     def _run_pretrained(self, corpus_hash: str) -> None:
         info = checkpoint_info(self.sweep.pretrained.checkpoint)
         model_dir = str(Path(info.model_dir).resolve())
-        ident = _checkpoint_id(model_dir)
+        ident = checkpoint_id(model_dir)
         units = pretrained_units(self.sweep, self.sweep.families[0], ident, info.layer_heads, corpus_hash)
         self.prune(units, lambda u: model_dir)
 
@@ -442,15 +351,6 @@ class Sweeper:
 def _scale_of(config: dict) -> str:
     """The scale of a grid trial's unit, from its config."""
     return config["cfg"]["unit"]["scale"]
-
-
-def _checkpoint_id(model_dir: str) -> str:
-    """A pretrained checkpoint's identity for unit keys: its config and the names and sizes of its files."""
-    h = hashlib.sha256(Path(model_dir, "config.json").read_bytes())
-    for f in sorted(Path(model_dir).iterdir()):
-        if f.is_file():
-            h.update(f"{f.name}:{f.stat().st_size}".encode())
-    return "pretrained-" + h.hexdigest()[:16]
 
 
 def run_sweep(sweep: Sweep, sweep_file: str, sweep_text: str, *, resume: bool = False, address: str | None = None,

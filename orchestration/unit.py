@@ -14,15 +14,8 @@ from dataclasses import dataclass, replace
 from pydantic import Field
 
 from lightning_modules.arms import ARMS
-from lightning_modules.config import (
-    DEFAULT_CALIBRATION_BATCHES,
-    SCALES,
-    DataConfig,
-    ModelConfig,
-    PrunePlan,
-    Strict,
-    TrainConfig,
-)
+from lightning_modules.config import SCALES, DataConfig, ModelConfig, Strict, TrainConfig
+from lightning_modules.prune_plan import DEFAULT_CALIBRATION_BATCHES, PrunePlan
 
 from .axes import AXES, tags_of
 from .spec import ProbeSpec

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from stack import free_port, wait_http
+from loopback import free_port, wait_http
 from test_sweep import client, runs_of, split
 
 pytestmark = pytest.mark.slow

@@ -121,7 +121,7 @@ def test_scratch_b_steps_hand_computed():
     ("s", 2, None, None), ("s", None, None, [1, 8, 4, 6]),
 ])
 def test_param_counts_match_built_models(family, scale, heads, head_dim, per_layer):
-    from lightning_modules.heads import layer_heads
+    from lightning_modules.families import layer_heads
     from lightning_modules.models import build_model, count_parameters
 
     cfg = model_config_for(scale, family, n_heads=heads, head_dim=head_dim, heads_per_layer=per_layer)

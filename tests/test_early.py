@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_modules.config import DataConfig, PrunePlan, model_config_for, train_config_for
+from lightning_modules.config import DataConfig, model_config_for, train_config_for
+from lightning_modules.prune_plan import PrunePlan
 
 T = 12
 

@@ -10,7 +10,8 @@ import torch
 from tolerance import assert_close_to_scale, assert_detectable
 
 from lightning_modules.config import HeadroomInputError
-from lightning_modules.heads import head_gate, keep_mask, kv_plan, layer_heads, layer_shapes, prune_heads
+from lightning_modules.families import kv_plan, layer_heads, layer_shapes
+from lightning_modules.heads import head_gate, keep_mask, prune_heads
 from lightning_modules.models import load_model, save_model, set_attention, token_losses
 
 FAMILIES = ["decoder", "encoder", "llama_gqa", "gpt2", "bert"]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lightning_modules.config import HeadroomInputError, model_config_for
-from lightning_modules.heads import layer_shapes
+from lightning_modules.families import layer_shapes
 from lightning_modules.models import build_model, load_model, model_config_of, save_model
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_modules.config import DataConfig, model_config_for, prunable_fraction, train_config_for
-from lightning_modules.heads import family_of
+from lightning_modules.families import family_of
 from lightning_modules.models import build_model
 from lightning_modules.probes import ProbeCallback, _cka_matrix, head_redundancy, linear_cka, mean_off_diagonal
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 from conftest import ROOT, headroom
 
-from lightning_modules.config import DataConfig, HeadroomInputError, PrunePlan, model_config_for, train_config_for
+from lightning_modules.config import DataConfig, HeadroomInputError, model_config_for, train_config_for
 from lightning_modules.costs import flops_per_token
 from lightning_modules.data import HeadroomData
-from lightning_modules.heads import layer_heads
+from lightning_modules.families import layer_heads
 from lightning_modules.models import build_model, load_model, save_model
+from lightning_modules.prune_plan import PrunePlan
 from lightning_modules.pruning import forward_flops, heads_to_keep, prune_curve, run_prune, select_heads
 
 

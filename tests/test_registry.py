@@ -82,8 +82,9 @@ def test_a_declared_method_and_control_are_planned(declared, tmp_path, capsys):
 def test_a_declared_method_scores_with_its_own_scorer(declared):
     import torch
 
-    from lightning_modules.config import PrunePlan, model_config_for
+    from lightning_modules.config import model_config_for
     from lightning_modules.models import build_model
+    from lightning_modules.prune_plan import PrunePlan
     from lightning_modules.pruning import select_heads
     from lightning_modules.scoring import score_heads
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from stack import K8S, PG_BIN, free_port
+from loopback import free_port
+from stack import K8S, PG_BIN
 
 
 def _get(url: str, auth: tuple[str, str] | None = None) -> int:

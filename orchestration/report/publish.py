@@ -1,6 +1,6 @@
 """`headroom report`: the sweep's newest parent run → reports/<sweep>/ (verdict.json, report.md with plots/,
-report.html, runs.csv: one row per child run), the same files as artifacts of the parent run (`report/`), the headline numbers as its metrics and
-the headline as its description (the note the MLflow UI shows)."""
+report.html, runs.csv: a row per child run), the same files as artifacts of the parent run (`report/`), the
+headline numbers as its metrics and the headline as its description (the note the MLflow UI shows)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from lightning_modules.arms import control_names
 from lightning_modules.arms import label as arm_label
-from lightning_modules.config import DEFAULT_TOLERANCE, HeadroomInputError
+from lightning_modules.config import HeadroomInputError
+from lightning_modules.prune_plan import DEFAULT_TOLERANCE
 
 from ..plan import scale_rank
 from ..spec import TrustSpec

@@ -1,0 +1,261 @@
+"""The sweep file's schema: the pydantic models a `sweeps/*.yaml` file validates into (field by field; what
+one field cannot say alone is checked in spec.py, which also documents the file). Torch-free."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated
+
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from lightning_modules.arms import check_control
+from lightning_modules.config import SCALES, DataConfig, Family, Precision, Schedule, Strict
+from lightning_modules.prune_plan import (
+    DEFAULT_CALIBRATION_BATCHES,
+    DEFAULT_FINETUNE_LR_GRID,
+    DEFAULT_TOLERANCE,
+    PruneSchedule,
+    Scope,
+    check_method,
+)
+
+
+def _ratio(v: float) -> float:
+    if not 0 <= v < 1:
+        raise ValueError("must be in [0, 1)")
+    return v
+
+
+def _unique(v: list) -> list:
+    seen = set()
+    for x in v:
+        if x in seen:
+            raise ValueError(f"duplicate value {x!r}")
+        seen.add(x)
+    return v
+
+
+def _as_list(v):
+    return [v] if isinstance(v, (str, int, float)) else v
+
+
+NonEmpty = Field(min_length=1)
+
+
+class TrainOverrides(Strict):
+    """Per-scale changes to the training preset (lightning_modules.config.TrainConfig fields)."""
+
+    batch_size: int | None = Field(default=None, gt=0)
+    seq_len: int | None = Field(default=None, gt=1)
+    warmup_steps: int | None = Field(default=None, ge=0)
+    schedule: Schedule | None = None
+    min_lr_ratio: float | None = Field(default=None, ge=0, le=1)
+    weight_decay: float | None = Field(default=None, ge=0)
+    grad_clip: float | None = Field(default=None, ge=0)
+    precision: Precision | None = None
+    val_every: int | None = Field(default=None, gt=0)
+    val_batches: int | None = Field(default=None, gt=0)
+    eval_batches: int | None = Field(default=None, gt=0)
+    mlm_probability: float | None = Field(default=None, gt=0, lt=1)
+
+
+class Resources(Strict):
+    """What one trial asks of the cluster. `cpu` and `gpu` are per worker; `gpu` may be fractional (trials share
+    a GPU); `workers > 1` trains data-parallel (DDP through Ray Train inside the Tune trial), each worker taking
+    batch_size / workers of every global batch. Head scoring and pruning run on one worker's share."""
+
+    cpu: float = Field(default=1, gt=0)
+    gpu: float = Field(default=0, ge=0)
+    workers: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _devices(self):
+        if self.gpu > 1:
+            raise ValueError("one worker trains on one GPU; for more, set workers (gpu is per worker)")
+        if self.workers > 1 and 0 < self.gpu < 1:
+            raise ValueError("data-parallel workers cannot share a GPU; give each worker gpu: 1, or use workers: 1")
+        return self
+
+    def as_dict(self) -> dict:
+        return {"cpu": self.cpu, "gpu": self.gpu, "workers": self.workers}
+
+
+class ScaleResources(Strict):
+    """A scale's own resources: the fields given replace the sweep's (`scales: {s: {resources: {gpu: 0.25}}}`)."""
+
+    cpu: float | None = Field(default=None, gt=0)
+    gpu: float | None = Field(default=None, ge=0)
+    workers: int | None = Field(default=None, ge=1)
+
+
+class ScaleSpec(Strict):
+    # dense budget T (default: the preset's); a list trains each budget as its own dense run with its own
+    # controls and prunes (the training-budget axis of the report's trend)
+    steps: int | list[int] | None = None
+    heads: int | None = Field(default=None, gt=0)  # dense head count H (default: the preset's)
+    overrides: TrainOverrides = TrainOverrides()
+    resources: ScaleResources | None = None  # per trial at this scale (default: the sweep's)
+
+    @field_validator("steps", mode="before")
+    @classmethod
+    def _steps(cls, v):
+        ok = lambda x: isinstance(x, int) and not isinstance(x, bool) and x > 0  # noqa: E731
+        if v is None or ok(v):
+            return v
+        if isinstance(v, list) and v and all(ok(x) for x in v):
+            return _unique(v)
+        raise ValueError("must be a positive integer or a non-empty list of them")
+
+    def budgets(self, scale: str) -> list[int]:
+        """The dense budgets T of this scale, smallest first."""
+        if self.steps is None:
+            return [SCALES[scale].steps]
+        return sorted(self.steps) if isinstance(self.steps, list) else [self.steps]
+
+
+class PruneSpec(Strict):
+    ratios: Annotated[list[Annotated[float, AfterValidator(_ratio)]], NonEmpty, AfterValidator(_unique)]
+    methods: Annotated[list[Annotated[str, AfterValidator(check_method)]], NonEmpty, AfterValidator(_unique)]
+    scope: Annotated[list[Scope], NonEmpty, AfterValidator(_unique)] = ["per_layer"]
+    schedule: Annotated[list[PruneSchedule], NonEmpty, AfterValidator(_unique)] = ["one_shot"]
+    step: float = Field(default=0.1, gt=0, le=1)  # iterative: fraction of the heads removed per round
+    finetune_steps: int = Field(default=0, ge=0)
+    # the recovery fine-tune's rate: a number fixes it; absent, it is chosen on the validation split from the
+    # grid below, multiples of the dense model's own learning rate
+    finetune_lr: float | None = Field(default=None, gt=0)
+    finetune_lr_grid: Annotated[list[Annotated[float, Field(gt=0)]], NonEmpty, AfterValidator(_unique)] = list(
+        DEFAULT_FINETUNE_LR_GRID)
+    calibration_batches: int = Field(default=DEFAULT_CALIBRATION_BATCHES, gt=0)
+    tolerance: float = Field(default=DEFAULT_TOLERANCE, gt=0)  # relative: pruned loss <= dense loss * (1 + tolerance)
+    curve: bool = True  # the mask-only prune curve (the achievable fractions of heads removed up to 0.9)
+    curve_batches: int | None = Field(default=None, gt=0)  # batches per point of the curve (default: eval's)
+    # prune timing: fractions p of the dense run's steps T at which its heads are removed (the dense run keeps a
+    # checkpoint at each p·T < T; the pruned model trains on to T, then the recovery fine-tune). 0: at init.
+    at: Annotated[list[Annotated[float, Field(ge=0, le=1)]], NonEmpty, AfterValidator(_unique)] = [1.0]
+
+    _lists = field_validator("scope", "schedule", "at", mode="before")(classmethod(lambda cls, v: _as_list(v)))
+
+
+class LrSearch(Strict):
+    """Optuna (TPE) over a log-uniform learning rate, trials stopped early by ASHA."""
+
+    trials: int = Field(ge=2)
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+    steps: int = Field(gt=0)  # training steps of one search trial
+    grace_period: int = Field(default=1, gt=0)  # validation reports before ASHA may stop a trial
+    seed: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.low >= self.high:
+            raise ValueError(f"low {self.low} must be below high {self.high}")
+        return self
+
+
+class LrSpec(Strict):
+    """`lr: 3.0e-3` (one rate for every scale) or `lr: {search: {...}}`."""
+
+    value: float | None = Field(default=None, gt=0)
+    search: LrSearch | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _number(cls, v):
+        return v if isinstance(v, dict) else {"value": v}
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.value is None) == (self.search is None):
+            raise ValueError("give a number or {search: {trials, low, high, steps}}")
+        return self
+
+
+class ProbeSpec(Strict):
+    """Mechanism probes of the dense runs (lightning_modules/probes.py), read by the verdict report."""
+
+    every: int = Field(gt=0)  # probe at step 0, every `every` steps and at the last step
+    method: Annotated[str, AfterValidator(check_method)] = "gradient"  # importance over training
+    batches: int = Field(default=2, gt=0)  # calibration batches to score, val batches for the curve and CKA
+    redundancy: bool = True  # pairwise CKA of head outputs
+
+
+class TrustSpec(Strict):
+    """Thresholds of the report's trust diagnostics, declared before running like the tolerance."""
+
+    # non-inferiority margin of dense vs Scratch-E and larger vs smaller scale: the upper 95% bound of the loss
+    # difference must be at most this fraction of the reference model's loss (default: the default prune tolerance)
+    margin: float = Field(default=0.05, gt=0, lt=1)
+    # converged: the dense loss may improve by at most this fraction per doubling of the training budget
+    doubling_gain: float = Field(default=0.05, gt=0, lt=1)
+
+
+class PretrainedSpec(Strict):
+    checkpoint: str  # a `headroom train` run directory or a Hugging Face model directory
+    batch_size: int = Field(default=8, gt=0)
+    seq_len: int = Field(default=128, gt=1)
+    eval_batches: int | None = Field(default=None, gt=0)  # None: every window of each eval set (capped)
+
+
+class Sweep(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    # default [decoder]; a pretrained sweep takes it from the checkpoint
+    family: Annotated[list[Family], NonEmpty, AfterValidator(_unique)] | None = None
+    data: DataConfig = DataConfig()
+    scales: dict[str, ScaleSpec] | None = None
+    seeds: Annotated[list[Annotated[int, Field(ge=0)]], NonEmpty, AfterValidator(_unique)] = [0]
+    prune: PruneSpec
+    controls: Annotated[list[Annotated[str, AfterValidator(check_control)]], AfterValidator(_unique)] = []
+    lr: LrSpec | None = None
+    probes: ProbeSpec | None = None
+    trust: TrustSpec = TrustSpec()
+    resources: Resources = Resources()
+    retries: int = Field(default=2, ge=0)
+    storage: str | None = None
+    tracking_uri: str | None = None
+    # each prune unit's pruned model as an MLflow transformers model (orchestration/registry.py); off for models
+    # too large to copy into the artifact store once per prune unit
+    log_models: bool = True
+    pretrained: PretrainedSpec | None = None
+
+    _family = field_validator("family", mode="before")(classmethod(lambda cls, v: _as_list(v)))
+
+    @field_validator("scales")
+    @classmethod
+    def _scale_names(cls, v):
+        if v is not None:
+            if not v:
+                raise ValueError("give at least one scale")
+            for name in v:
+                if name not in SCALES:
+                    raise ValueError(f"unknown scale {name!r}; choose from {', '.join(SCALES)}")
+        return v
+
+    # ---- derived
+    def spec_hash(self) -> str:
+        """Hash of the resolved spec, without where it runs and what it records (storage, tracking, resources,
+        retries, model logging)."""
+        science = self.model_dump(mode="json", exclude={"storage", "tracking_uri", "resources", "retries",
+                                                        "log_models"})
+        for sc in (science.get("scales") or {}).values():
+            del sc["resources"]  # a scale's resources too (and sweeps from before they existed keep their hash)
+        if science["prune"]["at"] == [1.0]:  # the default (pruning the trained model): sweeps from before keep
+            del science["prune"]["at"]  # their hash, so --resume finds their runs
+        return hashlib.sha256(json.dumps(science, sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def families(self) -> list[str]:
+        return self.family or ["decoder"]
+
+    def resources_for(self, scale: str | None) -> Resources:
+        """A trial's resources at `scale`: the scale's own fields over the sweep's (a scale the sweep does not
+        list, or None: the sweep's)."""
+        own = ((self.scales or {}).get(scale) or ScaleSpec()).resources if scale else None
+        if own is None:
+            return self.resources
+        return Resources(**{**self.resources.as_dict(), **own.model_dump(exclude_none=True)})
+
+    def dense_heads(self, scale: str) -> int:
+        s = (self.scales or {})[scale]
+        return s.heads or SCALES[scale].n_heads
