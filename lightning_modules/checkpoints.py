@@ -48,6 +48,9 @@ def read_model_config(model_dir: str, what: str | None = None) -> dict:
     return cfg
 
 
+METRICS_FILE = "metrics.json"  # a run directory's numbers, beside its model/ (train.write_run, the trials)
+
+
 def checkpoint_info(path: str) -> CheckpointInfo:
     p = os.path.expanduser(path)
     if not os.path.isdir(p):
@@ -56,7 +59,7 @@ def checkpoint_info(path: str) -> CheckpointInfo:
     model_dir = p
     if os.path.isfile(os.path.join(p, "model", "config.json")):
         model_dir = os.path.join(p, "model")
-        mpath = os.path.join(p, "metrics.json")
+        mpath = os.path.join(p, METRICS_FILE)
         if os.path.isfile(mpath):
             try:
                 run = json.load(open(mpath))

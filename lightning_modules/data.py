@@ -16,6 +16,7 @@ is scored on the same tokens.
 
 from __future__ import annotations
 
+import copy
 import os
 
 import numpy as np
@@ -271,6 +272,13 @@ class HeadroomData(pl.LightningDataModule):
             raise HeadroomInputError("tokenizer has no mask token; the encoder family needs one")
         self._prepared = True
         return self
+
+    def with_train(self, train: TrainConfig) -> HeadroomData:
+        """The same prepared data with another training configuration (a recovery fine-tune's steps and rate),
+        read from the first sample of the seeded order; this module is left as it was."""
+        view = copy.copy(self)
+        view.train_cfg, view.samples_consumed = train, 0
+        return view
 
     @property
     def vocab_size(self) -> int:

@@ -209,14 +209,8 @@ def finetune(model, data, steps: int, lr: float, base: TrainConfig, loss_fn: Los
                                   "val_every": steps})
     model.train()
     lm = HeadroomLM.from_model(model, cfg, loss_fn=loss_fn)
-    saved = data.train_cfg
-    data.train_cfg = cfg
-    data.samples_consumed = 0
-    try:
-        fit(build_trainer(cfg, None, progress=progress, callbacks=[clock] if clock is not None else ()), lm,
-            datamodule=data)
-    finally:
-        data.train_cfg = saved
+    fit(build_trainer(cfg, None, progress=progress, callbacks=[clock] if clock is not None else ()), lm,
+        datamodule=data.with_train(cfg))
     return lm.model.eval()
 
 

@@ -13,6 +13,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 
+from .checkpoints import METRICS_FILE
 from .config import DataConfig, ModelConfig, TrainConfig, check_compatible, jsonable
 from .costs import flops_per_token, param_counts
 from .data import HeadroomData
@@ -227,7 +228,7 @@ def write_run(result: TrainResult, out_dir: str | os.PathLike, checkpoint: str |
     save_model(result.lm.model, out / "model", result.data.tokenizer)
     if checkpoint is not None and Path(checkpoint).exists():
         os.replace(checkpoint, out / "last.ckpt")
-    (out / "metrics.json").write_text(json.dumps(jsonable(result.metrics), indent=2) + "\n")
+    (out / METRICS_FILE).write_text(json.dumps(jsonable(result.metrics), indent=2) + "\n")
 
 
 def set_threads() -> None:

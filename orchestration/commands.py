@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from lightning_modules.checkpoints import checkpoint_info
+from lightning_modules.checkpoints import METRICS_FILE, checkpoint_info
 from lightning_modules.config import (
     DataConfig,
     HeadroomInputError,
@@ -23,8 +23,9 @@ from lightning_modules.corpus import check_source
 from lightning_modules.methods import METHODS
 from lightning_modules.prune_plan import PrunePlan, check_ratio_fits
 
+from .artifacts import RUN_ARTIFACTS, write_prune
 from .frameworks import quiet_frameworks
-from .report.plots import heatmap, prune_curve_plot
+from .report.plots import heatmap
 
 
 def _check_out(out: str) -> Path:
@@ -103,7 +104,7 @@ def _train_data_parallel(workers: int, model_cfg, train_cfg, data_cfg, staging: 
             in_tune=False)
     finally:
         ray.shutdown()
-    return json.loads((staging / "metrics.json").read_text())
+    return json.loads((staging / METRICS_FILE).read_text())
 
 
 def _train_worker(config: dict) -> None:
@@ -217,7 +218,6 @@ def cmd_prune(args) -> int:
     check_ratio_fits(info.layer_heads, plan.ratio, plan.scope)
     out = _check_out(args.out)
     quiet_frameworks()
-    from lightning_modules.models import save_model
     from lightning_modules.pruning import run_prune
     from lightning_modules.train import set_threads
 
@@ -231,14 +231,7 @@ def cmd_prune(args) -> int:
                                             calibration_batches=args.calibration_batches, progress=not args.quiet)
         metrics.update(checkpoint=str(args.checkpoint), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets,
                        tokenizer=data.tokenizer.name)
-        windows = metrics.pop("windows")
-        save_model(pruned, staging / "model", data.tokenizer)
-        (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        (staging / "eval_windows.json").write_text(json.dumps(windows) + "\n")
-        heatmap(metrics["scores"], staging / "scores.png", f"{plan.method} importance")
-        if metrics["prune_curve"]:
-            prune_curve_plot(metrics["prune_curve"], data.eval_sets or ["val"], staging / "prune_curve.png",
-                             f"mask-only prune curve ({plan.method}, {plan.scope})")
+        write_prune(staging, pruned, metrics, data.tokenizer, data.eval_sets, plan.method, f"{plan.scope}: ")
         if out.exists():
             out.rmdir()
         os.replace(staging, out)
@@ -250,5 +243,5 @@ def cmd_prune(args) -> int:
           f" of {metrics['heads_dense']}; {first} loss dense {loss['dense'][first]['loss']:.4f}, masked "
           f"{loss['pre_ft'][first]['loss']:.4f}, final {loss['final'][first]['loss']:.4f}; latency ms "
           + ", ".join(f"{k} {v:.2f}" for k, v in metrics["latency_ms"].items()))
-    print(f"wrote {out}/ (model/, metrics.json, eval_windows.json, scores.png, prune_curve.png)")
+    print(f"wrote {out}/ (model/, {', '.join(RUN_ARTIFACTS)})")
     return 0

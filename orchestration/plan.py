@@ -6,7 +6,7 @@ a `global` prune once its kept heads are known. Torch-free.
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from lightning_modules.arms import ARMS, Budget, Shape, control_names
 from lightning_modules.config import (
@@ -242,6 +242,59 @@ def pretrained_units(sweep: Sweep, family: str, checkpoint_id: str, heads: list[
     return units
 
 
+@dataclass(frozen=True)
+class Plan:
+    """The plan of a scales sweep, built once (`build_plan`) and read by `--plan`, the stages and the report's
+    expected-units check: the units trained before pruning (dense runs, half-budget runs, the controls whose shape
+    the spec fixes), the prune units with their dense models, and — a late expansion — the controls of each
+    `global` prune, whose shape only its kept heads decide (`controls_of`)."""
+
+    sweep: Sweep
+    lr_search: list[Unit]  # one template per architecture trained from scratch, when the sweep searches rates
+    trained: list[Unit]
+    pruned: list[Unit]
+    lrs: dict | None = None  # (scale, family, arch_key) -> a searched rate
+
+    @property
+    def dense(self) -> list[Unit]:
+        return [u for u in self.trained if u.arm == "dense"]
+
+    def dense_links(self) -> dict[str, str]:
+        """unit key -> the key of the dense run of its cell and seed, for every trained unit but the dense ones
+        (a prune unit carries its own: `dense_key`)."""
+        of = {(u.scale, u.family, u.seed, u.budget): u.key for u in self.dense}
+        return {u.key: of[(u.scale, u.family, u.seed, u.budget)] for u in self.trained if u.arm != "dense"}
+
+    def has_global_controls(self) -> bool:
+        return bool(self.sweep.controls) and "global" in self.sweep.prune.scope
+
+    def controls_of(self, pruned: Unit, kept_per_layer: list[int]) -> list[Unit]:
+        """The controls of one global prune, given the heads it kept per layer."""
+        if pruned.scope != "global" or not self.sweep.controls:
+            return []
+        dense = next(u for u in self.dense if u.key == pruned.dense_key)
+        return global_control_units(self.sweep, pruned, dense, kept_per_layer, self.lrs)
+
+    def global_controls(self, kept_of, pruned: list[Unit] | None = None) -> list[Unit]:
+        """The controls of every global prune (of `pruned`, default all) whose kept heads `kept_of(unit)` gives
+        (None: not known, no controls)."""
+        out = []
+        for p in self.pruned if pruned is None else pruned:
+            if p.scope == "global" and self.sweep.controls:
+                kept = kept_of(p)
+                if kept is not None:
+                    out += self.controls_of(p, kept)
+        return out
+
+
+def build_plan(sweep: Sweep, corpus_hash: str, vocab_size: int = BYTE_VOCAB_SIZE, lrs: dict | None = None) -> Plan:
+    """The plan of a scales sweep (a pretrained sweep's units: `pretrained_units`). Its training units take the
+    searched rates `lrs` when given (the stages build the plan again once the search has run)."""
+    search = lr_search_bases(sweep, corpus_hash, vocab_size) if sweep.lr is not None and sweep.lr.search else []
+    trained = train_units(sweep, corpus_hash, lrs, vocab_size)
+    return Plan(sweep, search, trained, prune_units(sweep, [u for u in trained if u.arm == "dense"]), lrs)
+
+
 def expected_names(sweep: Sweep) -> list[str]:
     """Run names of every unit the sweep plans (lr_search candidates aside), known from the spec alone: names do
     not depend on the corpus hash, the learning rate or (for global-scope controls) the kept head counts. The
@@ -249,13 +302,7 @@ def expected_names(sweep: Sweep) -> list[str]:
     if sweep.pretrained is not None:
         units = pretrained_units(sweep, sweep.families[0], "-", [1], "-")
         return [u.name for u in units]
-    trained = train_units(sweep, "-")
-    pruned = prune_units(sweep, [u for u in trained if u.arm == "dense"])
-    by_key = {u.key: u for u in trained}
-    controls = []
-    if sweep.controls:
-        for p in pruned:
-            if p.scope == "global":
-                dense = by_key[p.dense_key]
-                controls += global_control_units(sweep, p, dense, list(dense.model.layer_heads))
-    return [u.name for u in trained + pruned + controls]
+    plan = build_plan(sweep, "-")
+    dense = {u.key: u for u in plan.dense}
+    controls = plan.global_controls(lambda p: list(dense[p.dense_key].model.layer_heads))
+    return [u.name for u in plan.trained + plan.pruned + controls]

@@ -27,7 +27,7 @@ from lightning_modules.config import (
 from lightning_modules.methods import get_method
 from lightning_modules.prune_plan import PrunePlan
 
-from .plan import Unit, global_control_units, lr_search_bases, prune_units, snapshot_step, train_units
+from .plan import Unit, build_plan, snapshot_step
 from .resources import trial_resources
 from .spec import Sweep
 
@@ -181,23 +181,22 @@ def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
     if sweep.pretrained is not None:
         return []
     searched = sweep.lr is not None and sweep.lr.search is not None
+    sweep_plan = build_plan(sweep, corpus_hash, vocab_size)
     rows: list[PlanRow] = []
     if searched:
         s = sweep.lr.search
-        for base in lr_search_bases(sweep, corpus_hash, vocab_size):
+        for base in sweep_plan.lr_search:
             model, t = base.model, base.train
             params, fwd = _build(base.name, model, t)
             est = s.trials * _train_cost(sweep, t, fwd, final_eval=False)
             rows.append(_row(base, "lr_search", model, params, fwd, t.steps, est, sweep, list(model.layer_heads),
                              "searched", trials=s.trials))
-    units = train_units(sweep, corpus_hash, None, vocab_size)
-    for u in units:
+    for u in sweep_plan.trained:
         model, t = u.model, u.train
         params, fwd = _build(u.name, model, t)
         rows.append(_row(u, "train", model, params, fwd, t.steps, _train_cost(sweep, t, fwd), sweep,
                          list(model.layer_heads), "searched" if searched else t.lr))
-    dense = {u.key: u for u in units if u.arm == "dense"}
-    for u in prune_units(sweep, list(dense.values())):
+    for u in sweep_plan.pruned:
         d_model, t = u.model, u.train
         _, fwd_dense = _build(u.name, d_model, t)
         plan = u.plan
@@ -217,8 +216,9 @@ def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
         row.lr_source = "sweep" if plan.finetune_lr is not None else (
             "grid " + ",".join(f"{m:g}" for m in sweep.prune.finetune_lr_grid) + " × dense lr")
         rows.append(row)
-        if plan.scope == "global":
-            rows += _global_controls(sweep, u, dense[u.dense_key], total, searched)
+        if plan.scope == "global":  # its controls' shape: the kept heads spread over the layers
+            shape = spread_heads(total, d_model.n_layers, d_model.n_heads)
+            rows += [_control_row(sweep, c, searched) for c in sweep_plan.controls_of(u, shape)]
     return rows
 
 
@@ -232,16 +232,12 @@ def _kept(model: ModelConfig, plan: PrunePlan) -> tuple[list[int] | None, int]:
     return None, n - min(heads_removed(n, plan.ratio), n - len(layer))
 
 
-def _global_controls(sweep: Sweep, pruned: Unit, dense: Unit, total: int, searched: bool) -> list[PlanRow]:
-    d_model = dense.model
-    shape = spread_heads(total, d_model.n_layers, d_model.n_heads)
-    out = []
-    for u in global_control_units(sweep, pruned, dense, shape):
-        model, t = u.model, u.train
-        params, fwd = _build(u.name, model, t)
-        out.append(_row(u, "controls", model, params, fwd, t.steps, _train_cost(sweep, t, fwd), sweep, None,
-                        "searched" if searched else t.lr))
-    return out
+def _control_row(sweep: Sweep, u: Unit, searched: bool) -> PlanRow:
+    """A global prune's control: its heads are the prune's choice, so the row lists their total only."""
+    model, t = u.model, u.train
+    params, fwd = _build(u.name, model, t)
+    return _row(u, "controls", model, params, fwd, t.steps, _train_cost(sweep, t, fwd), sweep, None,
+                "searched" if searched else t.lr)
 
 
 # ------------------------------------------------------------------------------------------------ printing

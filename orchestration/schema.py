@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated
+from typing import Annotated, Optional
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, create_model, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from lightning_modules.arms import check_control
-from lightning_modules.config import SCALES, DataConfig, Family, Precision, Schedule, Strict
+from lightning_modules.config import SCALES, DataConfig, Family, Strict, TrainConfig
 from lightning_modules.prune_plan import (
     DEFAULT_CALIBRATION_BATCHES,
     DEFAULT_FINETUNE_LR_GRID,
@@ -43,21 +44,21 @@ def _as_list(v):
 NonEmpty = Field(min_length=1)
 
 
-class TrainOverrides(Strict):
-    """Per-scale changes to the training preset (lightning_modules.config.TrainConfig fields)."""
+# a sweep file's per-scale training overrides: these TrainConfig fields, each optional with TrainConfig's own
+# constraints (the model below is derived from TrainConfig, so the two cannot drift apart)
+OVERRIDABLE = ("batch_size", "seq_len", "warmup_steps", "schedule", "min_lr_ratio", "weight_decay", "grad_clip",
+               "precision", "val_every", "val_batches", "eval_batches", "mlm_probability")
 
-    batch_size: int | None = Field(default=None, gt=0)
-    seq_len: int | None = Field(default=None, gt=1)
-    warmup_steps: int | None = Field(default=None, ge=0)
-    schedule: Schedule | None = None
-    min_lr_ratio: float | None = Field(default=None, ge=0, le=1)
-    weight_decay: float | None = Field(default=None, ge=0)
-    grad_clip: float | None = Field(default=None, ge=0)
-    precision: Precision | None = None
-    val_every: int | None = Field(default=None, gt=0)
-    val_batches: int | None = Field(default=None, gt=0)
-    eval_batches: int | None = Field(default=None, gt=0)
-    mlm_probability: float | None = Field(default=None, gt=0, lt=1)
+
+def _optional(name: str):
+    f = TrainConfig.model_fields[name]
+    return Optional[f.annotation], FieldInfo.merge_field_infos(f, default=None)  # noqa: UP045 - a runtime type
+
+
+TrainOverrides = create_model(
+    "TrainOverrides", __base__=Strict, __module__=__name__,
+    __doc__="Per-scale changes to the training preset (lightning_modules.config.TrainConfig fields).",
+    **{name: _optional(name) for name in OVERRIDABLE})
 
 
 class Resources(Strict):

@@ -30,12 +30,9 @@ from lightning_modules.tokens import data_identity
 from .plan import (
     Unit,
     arch_key,
-    global_control_units,
+    build_plan,
     lr_candidate,
-    lr_search_bases,
     pretrained_units,
-    prune_units,
-    train_units,
 )
 from .preflight import check_units
 from .report import headline_table, write_report
@@ -141,7 +138,7 @@ class Sweeper:
         return out
 
     # ------------------------------------------------------------------------------------------- stages
-    def lr_search(self, corpus_hash: str) -> dict:
+    def lr_search(self, bases: list[Unit]) -> dict:
         """Per (scale, family, architecture trained from scratch): the best learning rate found by Optuna (TPE)
         with ASHA stopping poor trials early, every architecture with the same trials and steps. The studies live
         in an Optuna storage under the storage path, so a restarted sweep continues them."""
@@ -156,7 +153,7 @@ class Sweeper:
         db = self._optuna_db()
         storage = optuna.storages.RDBStorage(f"sqlite:///{db}")
         best = {}
-        for base in lr_search_bases(self.sweep, corpus_hash, self.vocab_size):
+        for base in bases:
             scale, family, arch = base.scale, base.family, arch_key(base.model)
             study_name = f"{self.base}-{scale}-{family}-{arch}"
             study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
@@ -287,33 +284,29 @@ class Sweeper:
             return 1
         return 0 if reported else 1
 
+    def _kept_heads(self, p: Unit) -> list[int] | None:
+        """A finished prune unit's kept heads per layer (its tag); None, and the miss recorded, otherwise."""
+        self.tracker.refresh(p.key)
+        kept = self.tracker.tag(p.key, "headroom.kept")
+        if not self.tracker.is_finished(p.key) or not kept:
+            self.missing.append(f"{p.name}: unfinished, so its global-scope controls did not run")
+            return None
+        return [int(x) for x in kept.split(",")]
+
     def _dense_uri(self, u: Unit) -> str | None:
         self.tracker.refresh(u.dense_key)
         return self.tracker.tag(u.dense_key, "headroom.checkpoint") if self.tracker.is_finished(u.dense_key) else None
 
     def _run_scales(self, corpus_hash: str) -> None:
-        lrs = self.lr_search(corpus_hash) if self.sweep.lr is not None and self.sweep.lr.search else None
-        units = train_units(self.sweep, corpus_hash, lrs, self.vocab_size)
-        self.train("train", units)
-        dense = [u for u in units if u.arm == "dense"]
-        of_dense = {(u.scale, u.family, u.seed, u.budget): u.key for u in dense}
-        self.tracker.link_dense({u.key: of_dense[(u.scale, u.family, u.seed, u.budget)]
-                                 for u in units if u.arm != "dense"})
-        pruned = self.prune(prune_units(self.sweep, dense), self._dense_uri)
+        plan = build_plan(self.sweep, corpus_hash, self.vocab_size)
+        if plan.lr_search:  # every architecture trained from scratch gets its own rate, then the plan takes them
+            plan = build_plan(self.sweep, corpus_hash, self.vocab_size, self.lr_search(plan.lr_search))
+        self.train("train", plan.trained)
+        self.tracker.link_dense(plan.dense_links())
+        pruned = self.prune(plan.pruned, self._dense_uri)
         self.tracker.link_dense({u.key: u.dense_key for u in pruned})
-        if self.sweep.controls and "global" in self.sweep.prune.scope:
-            by_key = {u.key: u for u in dense}
-            controls = []
-            for p in pruned:
-                if p.scope != "global":
-                    continue
-                self.tracker.refresh(p.key)
-                kept = self.tracker.tag(p.key, "headroom.kept")
-                if not self.tracker.is_finished(p.key) or not kept:
-                    self.missing.append(f"{p.name}: unfinished, so its global-scope controls did not run")
-                    continue
-                controls += global_control_units(self.sweep, p, by_key[p.dense_key], [int(x) for x in kept.split(",")],
-                                                 lrs)
+        if plan.has_global_controls():
+            controls = plan.global_controls(self._kept_heads, pruned)  # the late expansion: the kept heads known
             self.train("controls", controls)
             self.tracker.link_dense({u.key: u.dense_key for u in controls})
 

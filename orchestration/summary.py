@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import statistics
 
+from . import metrics as M
+from .axes import BY_NAME, read_tags
 from .plan import WORK_KINDS, cell_label, scale_rank
 
 
@@ -31,11 +33,11 @@ def compute_share(metrics: list[dict]) -> dict | None:
     timed = [m for m in metrics if has_timing(m)]
     if not timed:
         return None
-    shares = [sum(m.get(f"cost/{k}", 0.0) for k in WORK_KINDS) / m["cost/wall_s"] for m in timed]
+    shares = [sum(m.get(M.cost(k), 0.0) for k in WORK_KINDS) / m["cost/wall_s"] for m in timed]
     q1, med, q3 = quartiles(shares)
     wall = sum(m["cost/wall_s"] for m in timed)
-    by = {k: statistics.median(m.get(f"cost/{k}", 0.0) / m["cost/wall_s"] for m in timed) for k in WORK_KINDS}
-    pooled = sum(sum(m.get(f"cost/{k}", 0.0) for k in WORK_KINDS) for m in timed) / wall
+    by = {k: statistics.median(m.get(M.cost(k), 0.0) / m["cost/wall_s"] for m in timed) for k in WORK_KINDS}
+    pooled = sum(sum(m.get(M.cost(k), 0.0) for k in WORK_KINDS) for m in timed) / wall
     return {"share": med, "iqr": [q1, q3], **by, "pooled": pooled, "trial_s": wall, "trials": len(timed),
             "shares": shares}
 
@@ -56,27 +58,27 @@ def trial_seconds(runs: list) -> dict[str, dict]:
 def loss_table(sweep_name: str, runs: list) -> str:
     """Mean final loss over seeds, per (scale, family, ratio) and arm, on `id` (else val); "" with no rows."""
     rows: dict[tuple, dict[str, list[float]]] = {}
-    pruned_ratios = sorted({x.data.tags.get("headroom.ratio") for x in runs if x.data.tags.get("headroom.arm") == "pruned"})
-    for run in runs:
-        t = run.data.tags
-        if t.get("headroom.stage") == "lr_search" or run.info.status != "FINISHED":
+    tags = [(run, read_tags(run.data.tags)) for run in runs]
+    ratio_text = BY_NAME["ratio"].to_tag
+    pruned_ratios = sorted({ratio_text(v["ratio"]) for _, v in tags if v["arm"] == "pruned"})
+    for run, v in tags:
+        if v["stage"] == "lr_search" or run.info.status != "FINISHED":
             continue
         m = run.data.metrics
-        split = "id" if "final/id/loss" in m else "val"
-        loss = m.get(f"final/{split}/loss")
+        split = "id" if M.loss(M.FINAL, "id") in m else "val"
+        loss = m.get(M.loss(M.FINAL, split))
         if loss is None:
             continue
-        arm = t["headroom.arm"]
+        arm = v["arm"]
         if arm == "pruned":
-            arm = f"pruned:{t['headroom.method']}" + ("" if t["headroom.scope"] == "per_layer" else "/global")
-            if t.get("headroom.prune_at", "none") not in ("none", "1"):
-                arm += f"@{t['headroom.prune_at']}"  # pruned at that fraction of training
-        elif t["headroom.scope"] == "global":
-            arm = f"{arm}:{t['headroom.method']}/global"
-        for r in [t["headroom.ratio"]] if arm not in ("dense", "dense_half") else pruned_ratios:  # every ratio
-            steps = t.get("headroom.steps", "none")
-            cell = cell_label(t["headroom.scale"], None if steps == "none" else int(steps))
-            rows.setdefault((cell, t["headroom.family"], r, split), {}).setdefault(arm, []).append(loss)
+            arm = f"pruned:{v['method']}" + ("" if v["scope"] == "per_layer" else "/global")
+            if v["prune_at"] != 1.0:
+                arm += f"@{v['prune_at']:g}"  # pruned at that fraction of training
+        elif v["scope"] == "global":
+            arm = f"{arm}:{v['method']}/global"
+        for r in [ratio_text(v["ratio"])] if arm not in ("dense", "dense_half") else pruned_ratios:  # every ratio
+            rows.setdefault((cell_label(v["scale"], v["budget"]), v["family"], r, split), {}).setdefault(
+                arm, []).append(loss)
     if not rows:
         return ""
     arms = sorted({a for v in rows.values() for a in v}, key=lambda a: (a != "dense", not a.startswith("pruned"), a))

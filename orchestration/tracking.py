@@ -25,8 +25,9 @@ from pathlib import Path
 from mlflow.entities import LoggedModelStatus, Metric, Param, RunStatus, RunTag
 from ray.tune import Callback
 
+from .artifacts import RUN_ARTIFACTS
 from .ddp import CHECKPOINT_KEY, checkpoint_uri
-from .plan import DONE, EVAL_PARAMS, HISTORY, KEPT, RESUMED, WINDOWS_FILE, WORK, Unit
+from .plan import DONE, EVAL_PARAMS, HISTORY, KEPT, RESUMED, WORK, Unit
 from .runstore import mlflow_client, search_runs
 
 PACKAGES = ("headroom", "torch", "transformers", "pytorch-lightning", "ray", "mlflow", "optuna", "datasets")
@@ -268,7 +269,7 @@ def _duration(seconds: float) -> str:
 class TrackingCallback(Callback):
     """Driver-side Tune callback: trial events → the unit's MLflow run."""
 
-    ARTIFACTS = ("scores.json", "scores.png", "prune_curve.png", "metrics.json", WINDOWS_FILE)
+    ARTIFACTS = RUN_ARTIFACTS
 
     def __init__(self, tracker: Tracker, unit_of, resources_of, say=None, total: int = 0, log_models: bool = True):
         # resources_of(unit) -> {"cpu", "gpu", "workers"}: what the unit's trial holds (cost/* metrics)

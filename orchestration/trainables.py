@@ -22,8 +22,11 @@ from pathlib import Path
 
 from ray import tune
 
+from lightning_modules.checkpoints import METRICS_FILE
 from lightning_modules.config import HeadroomInputError, jsonable
 
+from . import metrics as metric_names
+from .artifacts import write_prune
 from .frameworks import quiet_frameworks
 from .plan import (
     DONE,
@@ -39,7 +42,6 @@ from .plan import (
     lr_candidate,
     snapshot_step,
 )
-from .report.plots import heatmap, prune_curve_plot
 
 LATENCY_REPEATS = 5
 
@@ -51,23 +53,9 @@ def _setup() -> None:
     set_threads()
 
 
-def _final_metrics(metrics: dict) -> dict:
-    out = {}
-    for split, v in metrics.get("final", {}).items():
-        out[f"final/{split}/loss"] = v["loss"]
-        out[f"final/{split}/ppl"] = v["ppl"]
-        out[f"final/{split}/tokens"] = v["tokens"]
-    for split, v in metrics.get("eval_windows", {}).items():
-        out[f"eval/{split}/windows_excluded"] = v["excluded"]
-    for k in ("params", "params_nonembedding", "flops_per_token", "steps", "tokens_per_s", *EVAL_PARAMS):
-        if k in metrics:
-            out[k] = metrics[k]
-    return out
-
-
-def _timing(timing: dict) -> dict:
-    """Seconds of a unit's work by kind, as the cost/* metrics of its run (the sweep's compute share)."""
-    return {f"cost/{k}": float(v) for k, v in timing.items() if k in ("train_s", "eval_s", "score_s")}
+def _train_metrics(m: dict) -> dict:
+    return metric_names.flatten_train(m, ("params", "params_nonembedding", "flops_per_token", "steps",
+                                          "tokens_per_s", *EVAL_PARAMS))
 
 
 def train_trial(config: dict, base: dict | None = None, fault: dict | None = None, skip: frozenset = frozenset(),
@@ -119,9 +107,9 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
         resumed = tune.Checkpoint(resume_from)
     if resumed is not None:
         resumed.to_directory(str(work / "resume"))
-        if (work / "resume" / "metrics.json").exists():  # died after its final report: say it again
-            metrics = json.loads((work / "resume" / "metrics.json").read_text())
-            session.report({**_final_metrics(metrics), "step": metrics["steps"], HISTORY: "[]", DONE: 1},
+        if (work / "resume" / METRICS_FILE).exists():  # died after its final report: say it again
+            metrics = json.loads((work / "resume" / METRICS_FILE).read_text())
+            session.report({**_train_metrics(metrics), "step": metrics["steps"], HISTORY: "[]", DONE: 1},
                            str(work / "resume"))
             return
         ckpt_path = str(work / "resume" / LIGHTNING_FILE)
@@ -154,7 +142,7 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
         session.report({"step": m["steps"]})
         return
     timing = {**m["timing"], "score_s": callbacks[0].seconds if unit.probes else 0.0}
-    final = {**_final_metrics(m), **_timing(timing), "step": m["steps"], HISTORY: history.take(), DONE: 1,
+    final = {**_train_metrics(m), **metric_names.timing(timing), "step": m["steps"], HISTORY: history.take(), DONE: 1,
              WORK: time.time() - t0, RESUMED: history.start_step if history.start_step is not None else m["steps"]}
     if is_search:  # the objective is the val loss at the last step
         if report.last_step != m["steps"]:
@@ -168,7 +156,7 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
         return
     out = work / "final"
     save_model(result.lm.model, out / "model", result.data.tokenizer)
-    (out / "metrics.json").write_text(json.dumps(jsonable(m), indent=2) + "\n")
+    (out / METRICS_FILE).write_text(json.dumps(jsonable(m), indent=2) + "\n")
     (out / WINDOWS_FILE).write_text(json.dumps({"final": result.windows}) + "\n")
     if unit.snapshots:
         missing = [s for s in unit.snapshots if not Snapshots.path(snaps, s).is_file()]
@@ -186,7 +174,7 @@ def _dense_checkpoint(uri: str, work: Path):
     ckpt = tune.Checkpoint(uri)
     local = Path(uri) if os.path.isdir(uri) else Path(ckpt.to_directory(str(work / "dense")))
     if (local / "model" / "config.json").exists():
-        metrics = json.loads((local / "metrics.json").read_text()) if (local / "metrics.json").exists() else {}
+        metrics = json.loads((local / METRICS_FILE).read_text()) if (local / METRICS_FILE).exists() else {}
         return local / "model", metrics.get("final"), local
     return local, None, local
 
@@ -202,7 +190,7 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
     import torch
 
     from lightning_modules.data import HeadroomData
-    from lightning_modules.models import load_model, save_model
+    from lightning_modules.models import load_model
     from lightning_modules.pruning import run_prune
 
     t0 = time.time()
@@ -230,48 +218,10 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
                                  curve_batches=run.curve_batches, latency_repeats=LATENCY_REPEATS,
                                  dense_eval=dense_eval)
     m.update(unit=unit.to_dict(), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets, seconds=time.time() - t0)
-    windows = m.pop("windows")
     out = work / "final"
-    save_model(pruned, out / "model", data.tokenizer)
-    (out / "metrics.json").write_text(json.dumps(m, indent=2) + "\n")
-    (out / WINDOWS_FILE).write_text(json.dumps(windows) + "\n")
-    (out / "scores.json").write_text(json.dumps({"method": plan.method, "scores": m["scores"],
-                                                 "kept": m["kept"], "heads_dense": m["heads_dense"]}) + "\n")
-    title = f"{unit.scale} {unit.family} seed {unit.seed}: {plan.method} importance"
-    heatmap(m["scores"], out / "scores.png", title)
-    if m["prune_curve"]:
-        prune_curve_plot(m["prune_curve"], data.eval_sets or ["val"], out / "prune_curve.png",
-                         f"{unit.scale} {unit.family} seed {unit.seed}: mask-only prune curve ({plan.method})")
+    write_prune(out, pruned, m, data.tokenizer, data.eval_sets, plan.method,
+                f"{unit.scale} {unit.family} seed {unit.seed}: ")
     flat = {"step": plan.finetune_steps, HISTORY: "[]", DONE: 1, KEPT: json.dumps(m["heads_kept"]), WORK: m["seconds"],
-            "params": m["params"]["pruned"], "params_dense": m["params"]["dense"],
-            "params_dense_nonembedding": m["params_nonembedding"]["dense"],
-            **{k: m[k] for k in EVAL_PARAMS},
-            "flops_per_token": m["flops_per_token"]["pruned"]["total"],
-            "flops_per_token_dense": m["flops_per_token"]["dense"]["total"]}
-    for stage, key in (("final", "final"), ("pre_ft", "pre_ft"), ("dense", "dense"), ("pruned_no_ft", "no_ft")):
-        for split, v in m["loss"][stage].items():
-            flat[f"{key}/{split}/loss"] = v["loss"]
-            if stage in ("final", "pre_ft"):
-                flat[f"{key}/{split}/tokens"] = v["tokens"]
-            if stage == "final":
-                flat[f"final/{split}/ppl"] = v["ppl"]
-    flat.update(_timing(m["timing"]))
-    if "prune_step" in m:  # pruned during training: the dense step it started from
-        flat["prune_step"] = m["prune_step"]
-    for split, v in m["random_baseline"].items():  # the random method as a distribution: several draws
-        flat[f"pre_ft_random/{split}/loss"] = v["loss"]
-        for k, loss in enumerate(v["draws"]):
-            flat[f"pre_ft_random/{split}/draw{k}"] = loss
-    ft = m["finetune"]
-    # the recovery steps the pruned arm trained, every candidate rate's (what Scratch-B's budget counts)
-    flat["cost/recovery_steps"] = plan.recovery_steps
-    if ft["lr"] is not None:  # the recovery fine-tune's rate (chosen on val from the grid, or the sweep's)
-        flat["finetune/lr"] = ft["lr"]
-        for lr, v in ft["grid"].items():
-            flat[f"finetune/val_loss/lr{lr}"] = v
-    for kind, ms in m["latency_ms"].items():
-        flat[f"latency_ms/{kind}"] = ms
-    for row in m["prune_curve"]:  # the mask-only curve, one metric per (eval set, ratio): MLflow's chart view
-        for split in data.eval_sets or ["val"]:
-            flat[f"curve/{split}/r{row['ratio']:.4g}"] = row[split]
+            **{k: m[k] for k in EVAL_PARAMS}, **metric_names.timing(m["timing"]),
+            **metric_names.flatten_prune(m, data.eval_sets, plan.recovery_steps)}
     tune.report(flat, checkpoint=tune.Checkpoint.from_directory(str(out)))

@@ -18,6 +18,7 @@ from lightning_modules.config import SCALES, DataConfig, ModelConfig, Strict, Tr
 from lightning_modules.prune_plan import DEFAULT_CALIBRATION_BATCHES, PrunePlan
 
 from .axes import AXES, tags_of
+from .metrics import WORK_KINDS  # noqa: F401 - where the summaries have found it
 from .spec import ProbeSpec
 
 NONE = "none"
@@ -30,9 +31,9 @@ DONE = "headroom_done"  # 1 on a unit's final report
 WORK = "work_s"  # seconds of the unit's own work in this attempt (framework imports excluded)
 RESUMED = "resumed_at_step"  # the step a train trial started from (0: from scratch)
 LIGHTNING_FILE = "checkpoint"  # the Lightning checkpoint's file name inside a Tune checkpoint
+SCORES_FILE = "scores.json"  # a prune unit's head scores {"method", "scores", "kept", "heads_dense"}: the heatmaps
 WINDOWS_FILE = "eval_windows.json"  # per-window losses of a unit's evaluations (an artifact the report reads)
 EVAL_PARAMS = ("eval_device", "eval_precision")  # every run's evaluation: where and at which precision (MLflow params)
-WORK_KINDS = ("train_s", "eval_s", "score_s")  # cost/<kind>: seconds of a unit in training, evaluation, scoring steps
 
 
 TAG_FIELDS = tuple(a.tag or a.name for a in AXES)  # headroom.<field>: declared in orchestration/axes.py

@@ -107,7 +107,12 @@ def test_recovery_fine_tune_rate_is_chosen_on_val(xs_decoder_run, data):
     # reference: prune the same heads and fine-tune once at the chosen rate
     ref = copy.deepcopy(load_model(xs_decoder_run / "model"))
     prune_heads(ref, m["kept"])
-    ref = finetune(ref, data, 6, ft["lr"], data.train_cfg)
+    saved, data.samples_consumed = data.samples_consumed, 7  # mid-way through some other training
+    try:
+        ref = finetune(ref, data, 6, ft["lr"], data.train_cfg)
+        assert data.samples_consumed == 7  # the fine-tune trained on a view from sample 0; the module is as it was
+    finally:
+        data.samples_consumed = saved
     val = data.loader("val", 2)
     assert evaluate_loss(ref, val)["loss"] == pytest.approx(ft["grid"][f"{ft['lr']:.6g}"], abs=1e-6)
     assert m["loss"]["final"]["val"]["loss"] == pytest.approx(ft["grid"][f"{ft['lr']:.6g}"], abs=1e-9)
@@ -182,8 +187,9 @@ def test_prune_cli_on_a_headroom_run(xs_decoder_run, tmp_path):
                  "--out", out, *FAST)
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["eval_windows.json", "metrics.json", "model", "prune_curve.png",
-                                                     "scores.png"]
+                                                     "scores.json", "scores.png"]  # what a sweep's prune trial leaves
     m = json.loads((out / "metrics.json").read_text())
+    assert json.loads((out / "scores.json").read_text())["scores"] == m["scores"]
     assert m["heads_kept"] == [4, 4] and m["heads_dense"] == [8, 8]
     for stage in ("dense", "pre_ft", "final"):
         assert set(m["loss"][stage]) == {"val", "id", "shift"}

@@ -10,6 +10,7 @@ from collections import defaultdict
 from lightning_modules.arms import ARMS, control_names
 from lightning_modules.config import prunable_fraction, within_tolerance
 
+from .. import metrics as M
 from ..plan import scale_rank
 from .read import Run, Windows
 from .rows import Comparison, CurvePoint, Prunable
@@ -33,8 +34,7 @@ def mean(xs) -> float:
 
 def eval_sets(runs: list[Run]) -> list[str]:
     """The eval sets the runs were scored on (not val), `id` first."""
-    sets = {k.split("/")[1] for r in runs for k in r.metrics if k.startswith("final/") and k.endswith("/loss")}
-    sets.discard("val")
+    sets = set().union(*(M.eval_splits(r.metrics) for r in runs)) - {"val"}
     return sorted(sets, key=lambda s: (s != "id", s))
 
 
@@ -118,17 +118,17 @@ def comparisons(runs: list[Run], windows: Windows | None = None) -> list[Compari
             seeds = sorted(set(by_seed) & set(ctrl))
             for ev in sets if seeds else []:
                 for stage, steps in [("final", ft)] if ft == 0 else [("pre_ft", 0), ("final", ft)]:
-                    loss = f"{stage}/{ev}/loss"
-                    paired_seeds = [s for s in seeds if loss in by_seed[s].metrics and f"final/{ev}/loss" in
-                                    ctrl[s].metrics and f"dense/{ev}/loss" in by_seed[s].metrics]
+                    loss = M.loss(stage, ev)
+                    paired_seeds = [s for s in seeds if loss in by_seed[s].metrics and M.loss(M.FINAL, ev) in
+                                    ctrl[s].metrics and M.loss(M.DENSE, ev) in by_seed[s].metrics]
                     if not paired_seeds:
                         continue
                     pruned = [by_seed[s].metrics[loss] for s in paired_seeds]
-                    control = [ctrl[s].metrics[f"final/{ev}/loss"] for s in paired_seeds]
+                    control = [ctrl[s].metrics[M.loss(M.FINAL, ev)] for s in paired_seeds]
                     wd = _window_diffs([windows.get(by_seed[s], stage, ev) for s in paired_seeds],
                                        [windows.get(ctrl[s], "final", ev) for s in paired_seeds])
                     res = paired([c - p for c, p in zip(control, pruned)], *(wd or (None, None)))
-                    tokens = by_seed[paired_seeds[0]].metrics.get(f"{stage}/{ev}/tokens")
+                    tokens = by_seed[paired_seeds[0]].metrics.get(M.tokens(stage, ev))
                     verdict = verdict_of(res.ci95)
                     out.append(Comparison(
                         scale=scale, family=family, ratio=ratio, heads_dense=_heads(first.tag("heads")),
@@ -138,7 +138,7 @@ def comparisons(runs: list[Run], windows: Windows | None = None) -> list[Compari
                                                                   PRIMARY["schedule"], PRIMARY["eval_set"])
                         and steps == ft,
                         n_seeds=len(paired_seeds),
-                        dense_loss=mean([by_seed[s].metrics[f"dense/{ev}/loss"] for s in paired_seeds]),
+                        dense_loss=mean([by_seed[s].metrics[M.loss(M.DENSE, ev)] for s in paired_seeds]),
                         pruned_loss=mean(pruned), control_loss=mean(control), diff_mean=res.mean,
                         ci95=list(res.ci95) if res.ci95 else None, verdict=verdict, p_value=res.p, p_holm=None,
                         ci95_holm=None, verdict_raw=verdict, eval_tokens=int(tokens) if tokens is not None else None,
@@ -185,18 +185,18 @@ def prunable(runs: list[Run], tolerance: float) -> list[Prunable]:
     sets = eval_sets(runs)
     for (scale, family, ratio, method, scope, schedule), by_seed in by_scale(pruned_groups(runs)):
         for ev in sets:
-            rs = [r for r in by_seed.values() if f"pre_ft/{ev}/loss" in r.metrics and f"dense/{ev}/loss" in r.metrics]
+            rs = [r for r in by_seed.values() if M.loss(M.PRE_FT, ev) in r.metrics and M.loss(M.DENSE, ev) in r.metrics]
             if not rs:
                 continue
-            dense = mean([r.metrics[f"dense/{ev}/loss"] for r in rs])
-            pruned = mean([r.metrics[f"pre_ft/{ev}/loss"] for r in rs])
+            dense = mean([r.metrics[M.loss(M.DENSE, ev)] for r in rs])
+            pruned = mean([r.metrics[M.loss(M.PRE_FT, ev)] for r in rs])
             out.append(Prunable(scale, family, method, ev, tolerance, ratio, scope, schedule, len(rs), dense, pruned,
                                 "prunable" if within_tolerance(pruned, dense, tolerance) else "not_prunable"))
     return out
 
 
 def _curve(r: Run, ev: str) -> dict[float, float]:
-    pre = f"curve/{ev}/r"
+    pre = M.curve_prefix(ev)
     return {float(k[len(pre):]): v for k, v in r.metrics.items() if k.startswith(pre)}
 
 
@@ -224,8 +224,8 @@ def prune_curves(runs: list[Run]) -> list[CurvePoint]:
             ft = defaultdict(list)
             for by_ratio in seeds.values():
                 for ratio, r in by_ratio.items():
-                    if f"final/{ev}/loss" in r.metrics and r.finetune_steps > 0:
-                        ft[(ratio, r.finetune_steps)].append(r.metrics[f"final/{ev}/loss"])
+                    if M.loss(M.FINAL, ev) in r.metrics and r.finetune_steps > 0:
+                        ft[(ratio, r.finetune_steps)].append(r.metrics[M.loss(M.FINAL, ev)])
             for (ratio, steps), vals in sorted(ft.items()):
                 out.append(_point(key, ev, ratio, steps, vals))
     return out
@@ -252,7 +252,7 @@ def best_methods(runs: list[Run]) -> dict:
     chosen on the validation set, never on an eval set."""
     by = defaultdict(dict)
     for (scale, family, ratio, method, scope, schedule), by_seed in pruned_groups(runs).items():
-        vals = [r.metrics["final/val/loss"] for r in by_seed.values() if "final/val/loss" in r.metrics]
+        vals = [r.metrics[M.loss(M.FINAL, "val")] for r in by_seed.values() if M.loss(M.FINAL, "val") in r.metrics]
         if vals:
             by[(scale, family, ratio, scope, schedule)][method] = mean(vals)
     return {k: min(v.items(), key=lambda kv: kv[1]) for k, v in by.items()}

@@ -42,6 +42,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
+from .. import metrics as M
 from ..plan import HALF_ARM, split_label
 from .stats import t_interval
 
@@ -69,7 +70,7 @@ class Diagnostic:
 
 
 def _key() -> str:
-    return f"final/{EVAL_SET}/loss"
+    return M.loss(M.FINAL, EVAL_SET)
 
 
 def _dense(runs, scale: str, family: str, arm: str = "dense") -> dict:
@@ -169,13 +170,13 @@ def one_ratio_per_seed(seeds: list[int], ratios_of: dict) -> list[tuple[int, flo
 
 def informative_beats_random(runs, scale: str, family: str, method: str) -> Diagnostic:
     name = "informative_beats_random"
-    key = f"pre_ft/{EVAL_SET}/loss"
+    key = M.loss(M.PRE_FT, EVAL_SET)
     by = defaultdict(lambda: defaultdict(dict))  # method -> seed -> ratio -> loss, or the random draws' losses
     for r in runs:
         if (r.arm, r.scale, r.family, r.scope, r.schedule) == ("pruned", scale, family, "per_layer", "one_shot") \
                 and r.prune_at == 1.0 and r.method in (method, "random") and key in r.metrics:
             draws = sorted((int(k.rsplit("draw", 1)[1]), v) for k, v in r.metrics.items()
-                           if k.startswith(f"pre_ft_random/{EVAL_SET}/draw"))
+                           if k.startswith(M.random_draw(EVAL_SET)))
             by[r.method][r.seed][r.ratio] = [v for _, v in draws] if r.method == "random" and draws \
                 else r.metrics[key]
     if method not in by or "random" not in by:

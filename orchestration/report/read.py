@@ -15,9 +15,10 @@ from pathlib import Path
 from lightning_modules.config import HeadroomInputError
 
 from ..axes import read_tags
-from ..plan import WINDOWS_FILE, cell_label, expected_names
+from ..plan import cell_label, expected_names
 from ..runstore import mlflow_client, search_runs
 from ..spec import Sweep
+from ..unit import SCORES_FILE, WINDOWS_FILE
 
 
 @dataclass
@@ -144,6 +145,6 @@ class Windows:
 def scores_of(uri: str, run: Run) -> list | None:
     """A prune run's head scores ([layers][heads]) from its scores.json artifact, or None."""
     try:
-        return _download_json(uri, run.run_id, "scores.json")["scores"]
+        return _download_json(uri, run.run_id, SCORES_FILE)["scores"]
     except Exception:  # noqa: BLE001 - a run without the artifact gets no heatmap
         return None

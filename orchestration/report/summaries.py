@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from .. import metrics as M
 from ..plan import WORK_KINDS
 from .analysis import by_scale, mean
 from .read import Run, SweepRuns
@@ -22,7 +23,7 @@ def costs(runs: list[Run]) -> list[Cost]:
         row["runs"] += 1
         row["cpu_h"] += r.metrics.get("cost/cpu_s", 0.0) / 3600
         row["gpu_h"] += r.metrics.get("cost/gpu_s", 0.0) / 3600
-        row["work_s"] += sum(r.metrics.get(f"cost/{k}", 0.0) for k in WORK_KINDS)
+        row["work_s"] += sum(r.metrics.get(M.cost(k), 0.0) for k in WORK_KINDS)
         row["wall_s"] += r.metrics.get("cost/wall_s", 0.0)
     return [Cost(s, a, v["runs"], v["cpu_h"], v["gpu_h"], v["work_s"], v["wall_s"],
                  v["work_s"] / v["wall_s"] if v["wall_s"] else None) for (s, a), v in by_scale(by)]

@@ -38,6 +38,7 @@ from collections import defaultdict
 
 from lightning_modules.arms import control_names
 
+from .. import metrics as M
 from ..plan import scale_rank, split_label
 from .analysis import PRIMARY, by_scale, control_runs, controls_of, mean, pruned_groups
 from .read import Run
@@ -71,7 +72,7 @@ def _timing_word(ci: tuple[float, float] | None, margin: float | None) -> str:
 def timing(runs: list[Run]) -> list[Timing]:
     """Rows for every (cell, family, ratio, method) pruned at some p < 1 (primary scope and schedule)."""
     ev = PRIMARY["eval_set"]
-    key = f"final/{ev}/loss"
+    key = M.loss(M.FINAL, ev)
     groups = defaultdict(lambda: defaultdict(dict))  # (scale, family, ratio, method) -> prune_at -> seed -> loss
     for r in runs:
         if r.arm == "pruned" and (r.scope, r.schedule) == (PRIMARY["scope"], PRIMARY["schedule"]) and key in r.metrics:
@@ -127,7 +128,7 @@ def _x(r: Run) -> tuple[float, float] | None:
 def gap_points(runs: list[Run], exclude: frozenset = frozenset()) -> dict:
     """(family, ratio, control) -> [(cell, tokens per parameter, parameters, [control − pruned per seed])] on the
     primary comparison after the recovery fine-tune; cells in `exclude` ((cell, family) pairs) left out."""
-    key = f"final/{PRIMARY['eval_set']}/loss"
+    key = M.loss(M.FINAL, PRIMARY["eval_set"])
     controls = control_runs(runs)
     out = defaultdict(list)
     for gkey, by_seed in by_scale(pruned_groups(runs)):

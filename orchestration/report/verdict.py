@@ -106,9 +106,10 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
     diags = diagnose(runs, scale_fams, order, PRIMARY["method"], trust.margin, trust.doubling_gain)
     failed = frozenset(k for k in scale_fams if untrustworthy(diags, *k))
     shaky = frozenset(k for k in scale_fams if unverified(diags, *k))
-    return Report(data, tol, comps, h1, curves, prunable_fractions(curves, tol), best_methods(runs), costs(runs),
-                  probes(data), diags, learning_rates(runs), evaluation_info(runs), timing(runs),
-                  trends(runs, failed, shaky))
+    return Report(data=data, tolerance=tol, comparisons=comps, prunable=h1, curves=curves,
+                  fractions=prunable_fractions(curves, tol), best=best_methods(runs), costs=costs(runs),
+                  probes=probes(data), diagnostics=diags, learning_rates=learning_rates(runs),
+                  evaluation=evaluation_info(runs), timing=timing(runs), trends=trends(runs, failed, shaky))
 
 
 def headline_metrics(rep: Report) -> dict[str, float]:
