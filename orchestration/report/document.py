@@ -12,11 +12,9 @@ from lightning_modules.arms import control_names
 from lightning_modules.arms import label as arm_label
 
 from . import axes, plots
-from .analysis import PRIMARY, eval_sets, is_primary, mean
-from .read import Run, scores_of
+from .analysis import PRIMARY, eval_sets, is_primary
 from .render import Doc, fmt_ci, fmt_p, fmt_ratio
-from .stats import paired, t_interval, verdict_of
-from .summaries import redundancy_change, series
+from .summaries import heatmap_runs, series
 from .verdict import STATE_WORDS, Report
 
 
@@ -26,13 +24,15 @@ class _Page:
     sets: list[str]  # eval sets, id first
     scale_families: list[tuple[str, str]]
     ft: int  # the recovery fine-tune's steps (the primary comparison's)
+    scores: dict  # run id -> head scores [layers][heads] of the runs summaries.heatmap_runs picks (fetched already)
 
 
-def render(rep: Report, out: Path) -> Doc:
-    """Plots into out/plots/, and the document."""
+def render(rep: Report, out: Path, scores: dict | None = None) -> Doc:
+    """Plots into out/plots/, and the document: it renders what `rep` holds and the head scores it is given
+    (run id -> scores; publish.py fetches them), and computes and fetches nothing."""
     d = rep.data
     pg = _Page(out / "plots", eval_sets(d.runs), rep.scale_families(),
-               max((c.finetune_steps for c in rep.comparisons), default=0))
+               max((c.finetune_steps for c in rep.comparisons), default=0), scores or {})
     pg.plots.mkdir(parents=True, exist_ok=True)
     doc = Doc(f"headroom verdict: sweep {d.sweep}")
     doc.p(f"The claim: many attention heads of a trained transformer can be removed with little loss (half 1), yet "
@@ -220,49 +220,31 @@ def _probes(doc: Doc, rep: Report, pg: _Page) -> None:
         plots.probes_plot({k: {m: series(v) for m, v in by_metric.items()} for k, by_metric in rep.probes.items()},
                           path)
         doc.img(path, "Prunable fraction and spread of head importance vs training step (mean over seeds, 95% band)")
-        rows = []
-        for (scale, family), by_metric in rep.probes.items():
-            pf = by_metric.get("probe/prunable_fraction", {})
-            if pf:
-                steps = sorted(pf)
-                means = {s: mean(pf[s]) for s in steps}
-                later = [s for s in steps if s > 0]
-                low = min(later, key=lambda s: means[s]) if later else steps[0]
-                late = bool(later) and means[steps[-1]] > means[low]
-                rows.append([scale, family, fmt_ratio(means[steps[0]]), f"{means[low]:.2f} (step {low})",
-                             f"{means[steps[-1]]:.2f} (step {steps[-1]})",
-                             "yes: the fraction grows again after its low" if late else "no"])
         doc.table(["scale", "family", "prunable fraction at init", "lowest after init", "at the end",
-                   "slack appears late"], rows)
-        red_rows, pairs = [], {}
-        for (scale, family), by_metric in rep.probes.items():
-            got = redundancy_change(by_metric.get("probe/redundancy", {}))
-            if got is None:
-                continue
-            init, final = got
-            pairs[(scale, family)] = ((mean(init), t_interval(init)), (mean(final), t_interval(final)))
-            res = paired([a - b for a, b in zip(init, final)])
-            diff, ci, verdict = res.mean, res.ci95, verdict_of(res.ci95)
-            word = {"supported": "more similar at init", "refuted": "more similar after training"}.get(verdict, verdict)
-            red_rows.append([scale, family, len(init), mean(init), mean(final), f"{diff:+.4f}", fmt_ci(ci), word])
-        if pairs:
+                   "slack appears late"],
+                  [[p.scale, p.family, fmt_ratio(p.init), f"{p.low:.2f} (step {p.low_step})",
+                    f"{p.end:.2f} (step {p.end_step})",
+                    "yes: the fraction grows again after its low" if p.late else "no"] for p in rep.slack])
+        if rep.redundancy:
             path = pg.plots / "probes_redundancy.png"
-            plots.redundancy_plot(pairs, path)
+            plots.redundancy_plot({(r.scale, r.family): ((r.init, r.init_ci95), (r.trained, r.trained_ci95))
+                                   for r in rep.redundancy}, path)
             doc.img(path, "Mean pairwise CKA of head outputs at initialisation and after training (mean over seeds, "
                           "95% CI)")
+            words = {"supported": "more similar at init", "refuted": "more similar after training"}
             doc.table(["scale", "family", "n", "CKA at init", "CKA trained", "init − trained", "95% CI", "heads are"],
-                      red_rows)
-    heat = []
-    for (scale, family), method, run in _heatmap_runs(d.runs):
-        heat.append((scale, family, method, run))
+                      [[r.scale, r.family, r.n_seeds, r.init, r.trained, f"{r.diff_mean:+.4f}", fmt_ci(r.ci95),
+                        words.get(r.verdict, r.verdict)] for r in rep.redundancy])
+    heat = [r for r in heatmap_runs(d.runs) if pg.scores.get(r.run_id) is not None]
     if heat:
         doc.h(3, "Head importance (layers × heads)")
         doc.p("From the prune runs' calibration scores, lowest seed, one per scale and method (heads of different "
               "seeds are not aligned, so scores are not averaged).")
-        for scale, family, method, run in heat:
-            path = pg.plots / f"heatmap_{scale}_{family}_{method}.png"
-            if _heatmap(d.uri, run, path, f"{scale} {family} seed {run.seed}: {method} importance"):
-                doc.img(path, f"{method} importance, {scale} {family}, seed {run.seed}")
+        for run in heat:
+            path = pg.plots / f"heatmap_{run.scale}_{run.family}_{run.method}.png"
+            plots.heatmap(pg.scores[run.run_id], path,
+                          f"{run.scale} {run.family} seed {run.seed}: {run.method} importance")
+            doc.img(path, f"{run.method} importance, {run.scale} {run.family}, seed {run.seed}")
 
 
 def _learning_rates(doc: Doc, rep: Report, pg: _Page) -> None:
@@ -318,26 +300,3 @@ def _cost(doc: Doc, rep: Report, pg: _Page) -> None:
     doc.table(["scale", "arm", "runs", "CPU-hours", "GPU-hours", "compute share"],
               [[c.scale, c.arm, c.runs, f"{c.cpu_h:.3f}", f"{c.gpu_h:.3f}",
                 "—" if c.compute_share is None else f"{c.compute_share:.0%}"] for c in rep.costs])
-
-
-
-
-def _heatmap_runs(runs: list[Run]):
-    pick = {}
-    for r in runs:
-        if r.arm != "pruned" or r.prune_at != 1.0:
-            continue
-        k = (r.scale, r.family, r.method)
-        rank = (not is_primary(r, "scope"), not is_primary(r, "schedule"), r.seed, r.ratio or 0)
-        if k not in pick or rank < pick[k][0]:
-            pick[k] = (rank, r)
-    for (scale, family, method), (_, r) in sorted(pick.items()):
-        yield (scale, family), method, r
-
-
-def _heatmap(uri: str, run: Run, path: Path, title: str) -> bool:
-    scores = scores_of(uri, run)
-    if scores is None:
-        return False
-    plots.heatmap(scores, path, title)
-    return True

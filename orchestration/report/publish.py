@@ -11,7 +11,8 @@ from pathlib import Path
 from lightning_modules.config import jsonable
 
 from .document import render
-from .read import Windows, client, load_sweep_runs
+from .read import Windows, client, load_sweep_runs, scores_of
+from .summaries import heatmap_runs
 from .table import write_runs_csv
 from .verdict import Report, build, headline_markdown, headline_metrics
 
@@ -25,7 +26,8 @@ def write_report(uri: str, sweep_name: str, out: Path | None = None, log: bool =
     rep = build(data, Windows(uri))
     out = Path(out or Path("reports", sweep_name)).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    doc = render(rep, out)
+    scores = {r.run_id: scores_of(uri, r) for r in heatmap_runs(data.runs)}  # the heatmaps' data, fetched here
+    doc = render(rep, out, scores)
     (out / "verdict.json").write_text(json.dumps(jsonable(rep.verdict_json()), indent=2) + "\n")
     (out / "report.md").write_text(doc.markdown(out) + "\n")
     (out / "report.html").write_text(doc.html())

@@ -197,3 +197,35 @@ class Trend:
         d = asdict(self)
         d.pop("points")
         return d
+
+
+@dataclass
+class ProbeSlack:
+    """Probes: the prunable fraction measured while the dense runs trained (mean over seeds), at init, at its lowest
+    after init, and at the end; `late`: it grows again after its low (slack appears late in training)."""
+
+    scale: str
+    family: str
+    init: float
+    low: float
+    low_step: int
+    end: float
+    end_step: int
+    late: bool
+
+
+@dataclass
+class Redundancy:
+    """Probes: mean pairwise CKA of a layer's head outputs at init and after training, paired over seeds;
+    `verdict` of init − trained (supported: heads more similar at init)."""
+
+    scale: str
+    family: str
+    n_seeds: int
+    init: float
+    init_ci95: list[float] | None
+    trained: float
+    trained_ci95: list[float] | None
+    diff_mean: float
+    ci95: list[float] | None
+    verdict: str

@@ -7,10 +7,10 @@ from collections import defaultdict
 
 from .. import metrics as M
 from ..plan import WORK_KINDS
-from .analysis import by_scale, mean
+from .analysis import by_scale, is_primary, mean
 from .read import Run, SweepRuns
-from .rows import Cost, EvalInfo, LearningRate
-from .stats import t_interval
+from .rows import Cost, EvalInfo, LearningRate, ProbeSlack, Redundancy
+from .stats import paired, t_interval, verdict_of
 
 
 def costs(runs: list[Run]) -> list[Cost]:
@@ -53,6 +53,49 @@ def redundancy_change(probe_series: dict) -> tuple[list[float], list[float]] | N
     if last == 0 or len(probe_series[0]) != len(probe_series[last]):
         return None
     return probe_series[0], probe_series[last]
+
+
+def probe_slack(probe_series: dict) -> list[ProbeSlack]:
+    """Per (scale, family) with a prunable-fraction probe: its mean at init, its lowest after init, at the end."""
+    out = []
+    for (scale, family), by_metric in probe_series.items():
+        pf = by_metric.get("probe/prunable_fraction", {})
+        if pf:
+            steps = sorted(pf)
+            means = {s: mean(pf[s]) for s in steps}
+            later = [s for s in steps if s > 0]
+            low = min(later, key=lambda s: means[s]) if later else steps[0]
+            out.append(ProbeSlack(scale, family, means[steps[0]], means[low], low, means[steps[-1]], steps[-1],
+                                  bool(later) and means[steps[-1]] > means[low]))
+    return out
+
+
+def redundancy(probe_series: dict) -> list[Redundancy]:
+    """Per (scale, family) with a redundancy probe at init and at the end: the paired change over seeds."""
+    out = []
+    for (scale, family), by_metric in probe_series.items():
+        got = redundancy_change(by_metric.get("probe/redundancy", {}))
+        if got is None:
+            continue
+        init, final = got
+        res = paired([a - b for a, b in zip(init, final)])
+        out.append(Redundancy(scale, family, len(init), mean(init), t_interval(init), mean(final), t_interval(final),
+                              res.mean, res.ci95, verdict_of(res.ci95)))
+    return out
+
+
+def heatmap_runs(runs: list[Run]) -> list[Run]:
+    """The prune run whose head scores the report draws, one per (scale, family, method): the primary scope and
+    schedule first, then the lowest seed and ratio (heads of different seeds are not aligned: never averaged)."""
+    pick = {}
+    for r in runs:
+        if r.arm != "pruned" or r.prune_at != 1.0:
+            continue
+        k = (r.scale, r.family, r.method)
+        rank = (not is_primary(r, "scope"), not is_primary(r, "schedule"), r.seed, r.ratio or 0)
+        if k not in pick or rank < pick[k][0]:
+            pick[k] = (rank, r)
+    return [r for _, (_, r) in sorted(pick.items())]
 
 
 def learning_rates(runs: list[Run]) -> list[LearningRate]:

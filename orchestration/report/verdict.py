@@ -17,8 +17,8 @@ from .analysis import PRIMARY, best_methods, comparisons, is_primary, prunable, 
 from .diagnostics import Diagnostic, diagnose, untrustworthy, unverified
 from .read import SweepRuns, Windows
 from .render import fmt_ci, fmt_p
-from .rows import Comparison, Cost, CurvePoint, EvalInfo, LearningRate, Prunable, Timing, Trend
-from .summaries import costs, evaluation_info, learning_rates, probes
+from .rows import Comparison, Cost, CurvePoint, EvalInfo, LearningRate, ProbeSlack, Prunable, Redundancy, Timing, Trend
+from .summaries import costs, evaluation_info, learning_rates, probe_slack, probes, redundancy
 from .trends import timing, trends
 
 STATE_WORDS = {"passed": "passed", "failed": "**failed**", "not_applicable": "not applicable",
@@ -42,6 +42,8 @@ class Report:
     evaluation: list[EvalInfo] = field(default_factory=list)
     timing: list[Timing] = field(default_factory=list)
     trends: list[Trend] = field(default_factory=list)
+    slack: list[ProbeSlack] = field(default_factory=list)
+    redundancy: list[Redundancy] = field(default_factory=list)
 
     def verdict_json(self) -> dict:
         return {"sweep": self.data.sweep, "spec_hash": self.data.spec_hash,
@@ -106,9 +108,11 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
     diags = diagnose(runs, scale_fams, order, PRIMARY["method"], trust.margin, trust.doubling_gain)
     failed = frozenset(k for k in scale_fams if untrustworthy(diags, *k))
     shaky = frozenset(k for k in scale_fams if unverified(diags, *k))
+    probe_series = probes(data)
     return Report(data=data, tolerance=tol, comparisons=comps, prunable=h1, curves=curves,
                   fractions=prunable_fractions(curves, tol), best=best_methods(runs), costs=costs(runs),
-                  probes=probes(data), diagnostics=diags, learning_rates=learning_rates(runs),
+                  probes=probe_series, slack=probe_slack(probe_series), redundancy=redundancy(probe_series),
+                  diagnostics=diags, learning_rates=learning_rates(runs),
                   evaluation=evaluation_info(runs), timing=timing(runs), trends=trends(runs, failed, shaky))
 
 
