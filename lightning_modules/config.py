@@ -275,9 +275,12 @@ def model_config_for(
     return cfg
 
 
+PRESET_FIELDS = ("steps", "batch_size", "seq_len", "lr")  # the TrainConfig fields a scale preset sets
+
+
 def train_config_for(scale: str, **overrides) -> TrainConfig:
     sc = get_scale(scale)
-    base = dict(steps=sc.steps, batch_size=sc.batch_size, seq_len=sc.seq_len, lr=sc.lr)
+    base = {k: getattr(sc, k) for k in PRESET_FIELDS}
     base.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return TrainConfig(**base)

@@ -12,16 +12,16 @@ import urllib.error
 import urllib.request
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import get_args
+from typing import Literal, get_args, get_origin
 
 from lightning_modules.checkpoints import checkpoint_info
-from lightning_modules.config import FAMILIES, SCALES, HeadroomInputError, Precision, Schedule
+from lightning_modules.config import FAMILIES, PRESET_FIELDS, SCALES, HeadroomInputError, TrainConfig
 from lightning_modules.methods import METHODS
 from lightning_modules.prune_plan import DEFAULT_CALIBRATION_BATCHES, DEFAULT_FINETUNE_LR, Scope
 from lightning_modules.tokens import planned_vocab_size
 
 from .bench import add_bench
-from .commands import cmd_prune, cmd_score, cmd_train
+from .commands import TRAIN_FLAGS, cmd_prune, cmd_score, cmd_train
 from .frameworks import quiet_frameworks as _quiet_frameworks
 from .plan import pretrained_units
 from .preflight import format_table, plan_rows
@@ -49,6 +49,18 @@ def _positive_int(s: str) -> int:
     return v
 
 
+def _flag_of(field) -> dict:
+    """argparse's type or choices for a pydantic field: a Literal's values, an int that must be positive, int, float."""
+    ann = field.annotation
+    if type(None) in get_args(ann):  # X | None: the flag is X, absent is None
+        ann = next(a for a in get_args(ann) if a is not type(None))
+    if get_origin(ann) is Literal:
+        return {"choices": get_args(ann)}
+    if ann is int and any(getattr(m, "gt", None) == 0 for m in field.metadata):
+        return {"type": _positive_int}
+    return {"type": ann}
+
+
 def _head_dim(s: str):
     return "auto" if s == "auto" else _positive_int(s)
 
@@ -63,17 +75,10 @@ def _add_train(sub) -> None:
     p.add_argument("--heads", type=_positive_int, help="heads per layer (default: the scale's)")
     p.add_argument("--head-dim", type=_head_dim,
                    help="head size, or auto for the wide control's (the largest even size that fits d_model)")
-    p.add_argument("--steps", type=_positive_int)
-    p.add_argument("--batch-size", type=_positive_int)
-    p.add_argument("--seq-len", type=_positive_int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--warmup-steps", type=int)
-    p.add_argument("--schedule", choices=get_args(Schedule))
-    p.add_argument("--weight-decay", type=float)
-    p.add_argument("--precision", choices=get_args(Precision))
-    p.add_argument("--val-every", type=_positive_int)
-    p.add_argument("--eval-batches", type=_positive_int,
-                   help="batches of each eval set at the end (default: every window of it, up to 2^20 tokens)")
+    for name, help_text in TRAIN_FLAGS.items():  # TrainConfig's fields, their types and constraints
+        field = TrainConfig.model_fields[name]
+        default = "the scale preset's" if name in PRESET_FIELDS else field.default
+        p.add_argument("--" + name.replace("_", "-"), help=help_text or f"default: {default}", **_flag_of(field))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default="stdlib", help="stdlib | path:GLOB | hf:NAME[:CONFIG] | mqar")
     p.add_argument("--shift", help="a second source for the shifted eval set (path:GLOB or hf:NAME)")

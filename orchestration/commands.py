@@ -35,14 +35,17 @@ def _check_out(out: str) -> Path:
     return p
 
 
+# the TrainConfig fields `headroom train` sets from flags (--batch-size for batch_size), with their help; the type,
+# the choices and whether a number must be positive come from the field itself
+TRAIN_FLAGS = {"steps": None, "batch_size": None, "seq_len": None, "lr": None, "warmup_steps": None,
+               "schedule": None, "weight_decay": None, "precision": None, "val_every": None,
+               "eval_batches": "batches of each eval set at the end (default: every window of it, up to 2^20 tokens)"}
+
+
 def cmd_train(args) -> int:
     # ---- validate everything first (no torch yet)
     model_cfg = model_config_for(args.scale, args.family, n_heads=args.heads, head_dim=args.head_dim)
-    train_cfg = train_config_for(
-        args.scale, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
-        warmup_steps=args.warmup_steps, schedule=args.schedule, weight_decay=args.weight_decay,
-        precision=args.precision, seed=args.seed, val_every=args.val_every, eval_batches=args.eval_batches,
-    )
+    train_cfg = train_config_for(args.scale, seed=args.seed, **{f: getattr(args, f) for f in TRAIN_FLAGS})
     check_compatible(model_cfg, train_cfg)
     if train_cfg.batch_size % args.workers:
         raise HeadroomInputError(f"--workers: batch size {train_cfg.batch_size} is not divisible by {args.workers} "
