@@ -43,7 +43,7 @@ from stack import ROOT, Stack, missing  # noqa: E402
 from orchestration.runstore import mlflow_client  # noqa: E402
 
 KINDS = ("worker", "driver", "mlflow", "postgres", "s3")
-# CI: three kinds. A driver kill and resume costs a minute (test_sweep.py has one), an MLflow restart about 50 s
+# CI: three kinds. A driver kill and resume costs a minute (test_resume.py has one), an MLflow restart about 50 s
 # of stalled progress (the full campaign has them, README gives its numbers)
 TINY = ("worker", "postgres", "s3")
 PROGRESS = re.compile(r"^\[headroom\]\s+\d+/\d+ ", re.MULTILINE)  # the driver's line per finished trial
@@ -353,7 +353,7 @@ def audit(c, sweep_name: str, plan: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Fault campaign on the production stack; writes JSON.")
     ap.add_argument("--tiny", action="store_true", help=f"CI size: {len(TINY)} faults, one each of {', '.join(TINY)} "
-                    "(tests/test_sweep.py kills and resumes a driver; the full campaign does all kinds)")
+                    "(tests/test_resume.py kills and resumes a driver; the full campaign does all kinds)")
     ap.add_argument("--faults", type=int, default=None, help=f"how many faults (default 12; --tiny {len(TINY)})")
     ap.add_argument("--kinds", default=None, help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
     ap.add_argument("--seed", type=int, default=0)

@@ -1,18 +1,16 @@
 """k8s/ validated without a cluster: every overlay and job renders with `kubectl kustomize`; core objects validate
 against the Kubernetes schemas (kubernetes-validate, strict); RayCluster and RayJob against the KubeRay v1.7.0
-CRDs with unknown fields forbidden; the invariants a deployment relies on; README's steps against the manifests;
-and the image's install script in a fresh virtual environment."""
+CRDs with unknown fields forbidden; the jobs, volumes, network policy and overlays; README's steps against the
+manifests; the Ray pods' logins. The manifests' security invariants are in test_k8s_invariants.py, the images and
+their locks in test_images.py."""
 
 from __future__ import annotations
 
 import copy
-import os
 import re
 import shlex
 import shutil
 import subprocess
-import sys
-import sysconfig
 from functools import cache
 from pathlib import Path
 
@@ -147,136 +145,6 @@ def test_a_misspelled_field_fails_the_crd_check():
     bad = copy.deepcopy(job)
     bad["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
     assert not crd_validator("RayJob").is_valid(bad)
-
-
-# ------------------------------------------------------------------------------------------------ invariants
-
-CREDENTIAL = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY|_USER$|USERNAME", re.IGNORECASE)
-
-
-def test_no_literal_credentials_anywhere():
-    for target, obj in all_objects():
-        assert obj["kind"] != "Secret", f"{target}: a Secret belongs to the user, not the manifests"
-        for where, pod in pod_specs(obj):
-            for c in containers(pod):
-                for e in c.get("env", []):
-                    if CREDENTIAL.search(e["name"]):
-                        assert "valueFrom" in e and "value" not in e, f"{target} {where} {c['name']}: {e['name']}"
-                for arg in c.get("args", []) + c.get("command", []):
-                    assert not re.search(r"://[^/@\s]+:[^/@\s]+@", arg), f"{target} {where}: credential in {arg!r}"
-        if obj["kind"] == "ConfigMap":
-            for text in obj["data"].values():
-                assert not re.search(r"://[^/@\s]+:[^/@\s]+@|password\s*=", text, re.IGNORECASE), target
-
-
-def test_services_are_cluster_internal():
-    for target, obj in all_objects():
-        if obj["kind"] == "Service":
-            assert obj["spec"].get("type", "ClusterIP") == "ClusterIP", target
-        if obj["kind"] in RAY_KINDS:
-            cluster = obj["spec"] if obj["kind"] == "RayCluster" else obj["spec"]["rayClusterSpec"]
-            assert cluster["headGroupSpec"]["serviceType"] == "ClusterIP", target
-
-
-def test_every_container_is_pinned_non_root_and_limited():
-    seen = 0
-    for target, obj in all_objects():
-        for where, pod in pod_specs(obj):
-            psec = pod.get("securityContext", {})
-            for c in containers(pod):
-                seen += 1
-                tag = c["image"].rsplit("/", 1)[-1]
-                assert ":" in tag and not tag.endswith(":latest"), f"{target} {where}: image {c['image']} not pinned"
-                sec = {**psec, **c.get("securityContext", {})}
-                assert sec.get("runAsNonRoot") is True, f"{target} {where} {c['name']}"
-                assert isinstance(sec.get("runAsUser"), int) and sec["runAsUser"] > 0, f"{target} {where}"
-                assert sec.get("allowPrivilegeEscalation") is False, f"{target} {where} {c['name']}"
-                assert c["securityContext"]["capabilities"]["drop"] == ["ALL"], f"{target} {where}"
-                assert c["securityContext"].get("readOnlyRootFilesystem") is True, f"{target} {where}"
-                lim, req = c["resources"]["limits"], c["resources"]["requests"]
-                assert {"cpu", "memory"} <= set(lim) and {"cpu", "memory"} <= set(req), f"{target} {where}"
-                if "nvidia.com/gpu" in lim:
-                    assert any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations", [])), where
-    assert seen >= 15
-
-
-def _lock(kind: str) -> dict[str, str]:
-    """name (normalised) -> pinned version of k8s/images/requirements-<kind>.lock."""
-    out = {}
-    for line in (K8S / "images" / f"requirements-{kind}.lock").read_text().splitlines():
-        if line.strip() and not line.startswith(("#", "--")):
-            name, version = line.split("==")
-            out[re.sub(r"\[.*\]", "", name).lower().replace("_", "-")] = version
-    return out
-
-
-def _lock_ray() -> str:
-    rays = {_lock(k)["ray"] for k in ("cpu", "gpu")}
-    assert len(rays) == 1, rays
-    return rays.pop()
-
-
-def test_pyproject_pins_what_the_images_lock():
-    """README's install and CI's resolve from pyproject: the packages it pins are the lock files' versions, so the
-    suite, a newcomer's install and the images run the same torch, Lightning, transformers, Ray and MLflow."""
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pins = {re.sub(r"\[.*\]", "", d.split("==")[0]).lower(): d.split("==")[1] for d in deps if "==" in d}
-    assert set(pins) == {"torch", "pytorch-lightning", "transformers", "ray", "mlflow"}
-    for kind in ("cpu", "gpu"):
-        lock = _lock(kind)
-        assert {n: lock[n].split("+")[0] for n in pins} == pins, kind
-    # the versions README says the suite last passed with
-    for name, version in pins.items():
-        assert f"{name} {version}" in (ROOT / "README.md").read_text(), name
-
-
-def test_one_lock_per_image_from_the_matching_torch_index():
-    """The CPU image's lock takes torch from PyTorch's CPU index and holds no CUDA runtime and no triton; the GPU
-    image's takes PyPI's torch (built for CUDA 13.0) with every CUDA wheel pinned to that one major version; both
-    pin everything else alike. The GPU image is the same CPU base: the CUDA runtime comes from the lock only."""
-    cpu, gpu = _lock("cpu"), _lock("gpu")
-    cuda = re.compile(r"^(nvidia-|cuda-|triton$)")
-    assert not [n for n in cpu if cuda.match(n)]
-    assert cpu["torch"] == "2.13.0+cpu"
-    head = (K8S / "images" / "requirements-cpu.lock").read_text()
-    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in head.splitlines()
-    assert gpu["torch"] == "2.13.0" and "--extra-index-url" not in (K8S / "images" / "requirements-gpu.lock").read_text()
-    extra = {n: v for n, v in gpu.items() if n not in cpu}
-    assert {"nvidia-cuda-runtime", "cuda-toolkit", "nvidia-cudnn-cu13", "nvidia-nccl-cu13", "triton"} <= set(extra)
-    assert all(cuda.match(n) for n in extra), extra
-    assert extra["nvidia-cuda-runtime"].split(".")[0] == extra["cuda-toolkit"].split(".")[0] == "13"
-    assert not [n for n in extra if re.search(r"-cu(\d+)$", n) and not n.endswith("-cu13")]
-    assert {n: v for n, v in gpu.items() if n in cpu and n != "torch"} == {n: v for n, v in cpu.items() if n != "torch"}
-    dockerfile = (K8S / "images" / "headroom.Dockerfile").read_text()
-    assert re.search(r"^ARG BASE=rayproject/ray:[\w.]+-py311-cpu$", dockerfile, re.MULTILINE)  # no CUDA of its own
-    assert "--build-arg LOCK=requirements-gpu.lock" in dockerfile and "--build-arg BASE" not in dockerfile
-    assert re.search(r"NVIDIA_DRIVER_CAPABILITIES=compute,utility", dockerfile)
-    assert "driver" in _readme_section() and "580" in _readme_section()
-
-
-def test_ray_version_matches_the_lock_and_the_image_base():
-    ray = _lock_ray()
-    for target, obj in all_objects():
-        if obj["kind"] in RAY_KINDS:
-            cluster = obj["spec"] if obj["kind"] == "RayCluster" else obj["spec"]["rayClusterSpec"]
-            assert cluster["rayVersion"] == ray, target
-    base = re.search(r"^ARG BASE=rayproject/ray:([\w.]+)-", (K8S / "images" / "headroom.Dockerfile").read_text(), re.MULTILINE)
-    assert base.group(1) == ray
-
-
-def test_images_run_the_install_script_as_a_numeric_non_root_user():
-    for name in ("headroom.Dockerfile", "mlflow.Dockerfile"):
-        text = (K8S / "images" / name).read_text()
-        users = re.findall(r"^USER (\S+)", text, re.MULTILINE)
-        assert users and re.fullmatch(r"[1-9]\d*(:\d+)?", users[-1]), (name, users)
-    text = (K8S / "images" / "headroom.Dockerfile").read_text()
-    assert "k8s/images/install.sh" in text and "requirements-cpu.lock" in text and "requirements-gpu.lock" in text
-    images = {c["image"] for _, o in all_objects() for _, pod in pod_specs(o) for c in containers(pod)}
-    assert "ghcr.io/headroom-project/mlflow:3.17.2" in images
-    assert re.search(r"'mlflow\[auth\]==3\.17\.2' 'psycopg\[binary\]==\S+' boto3==",
-                     (K8S / "images" / "mlflow.Dockerfile").read_text())
 
 
 def _mlflow_service():
@@ -436,119 +304,6 @@ def test_the_shared_data_volume_names_a_read_write_many_storage_class():
     pvc = next(o for o in render("jobs/scales/staging") if o["kind"] == "PersistentVolumeClaim")
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and pvc["spec"].get("storageClassName")
     assert pvc["spec"]["storageClassName"] in _readme_section()  # documented where a user sets it
-
-
-def _bytes(q) -> int:
-    """A Kubernetes quantity (4Gi, 512Mi, 3000000000) in bytes."""
-    q = str(q)
-    for suffix, f in (("Ki", 2**10), ("Mi", 2**20), ("Gi", 2**30), ("Ti", 2**40), ("k", 10**3), ("M", 10**6),
-                      ("G", 10**9)):
-        if q.endswith(suffix):
-            return int(float(q[:-len(suffix)]) * f)
-    return int(q)
-
-
-def _ray_groups(obj):
-    cluster = obj["spec"] if obj["kind"] == "RayCluster" else obj["spec"]["rayClusterSpec"]
-    yield "head", cluster["headGroupSpec"]
-    for g in cluster.get("workerGroupSpecs", []):
-        yield g["groupName"], g
-
-
-def test_ray_object_stores_fit_their_shared_memory_and_workers_carry_no_api_token():
-    """Ray's default object store is 30% of the pod's memory; /dev/shm is a smaller memory volume: every group
-    sets object-store-memory inside it. Workers run trials only and mount no service-account token."""
-    seen = 0
-    for target, obj in all_objects():
-        if obj["kind"] not in RAY_KINDS:
-            continue
-        for name, g in _ray_groups(obj):
-            pod = g["template"]["spec"]
-            shm = next(v for v in pod["volumes"] if v["name"] == "shm")["emptyDir"]
-            store = int(g["rayStartParams"]["object-store-memory"])
-            assert store <= 0.9 * _bytes(shm["sizeLimit"]), (target, name, store, shm)
-            if name != "head":  # the head runs the in-tree autoscaler, which talks to the API server
-                assert pod.get("automountServiceAccountToken") is False, (target, name)
-            seen += 1
-    assert seen >= 8
-
-
-def test_stateful_sets_have_headless_services_and_long_running_pods_have_probes():
-    objs = render("overlays/dev")
-    services = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Service"}
-    for o in objs:
-        if o["kind"] == "StatefulSet":
-            gov = services[o["spec"]["serviceName"]]
-            assert gov["spec"].get("clusterIP") == "None", o["metadata"]["name"]
-            assert gov["spec"]["selector"].items() <= o["spec"]["template"]["metadata"]["labels"].items()
-        if o["kind"] in ("StatefulSet", "Deployment"):
-            for c in o["spec"]["template"]["spec"]["containers"]:
-                assert c.get("readinessProbe") and c.get("livenessProbe"), (o["metadata"]["name"], c["name"])
-    # MLflow migrates its schema at start: it waits for PostgreSQL instead of crash-looping
-    mlflow = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "mlflow")
-    init = mlflow["spec"]["template"]["spec"]["initContainers"]
-    assert any("pg_isready -h postgres -p 5432" in " ".join(c["command"]) for c in init)
-
-
-RESTRICTED_VOLUMES = {"emptyDir", "configMap", "secret", "persistentVolumeClaim", "projected", "downwardAPI", "csi",
-                      "ephemeral"}
-
-
-def test_the_namespace_enforces_pod_security_restricted_and_every_pod_meets_it():
-    """The "restricted" profile of the Pod Security Standards, checked on every pod spec (Ray head, workers,
-    submitters and autoscaler included): non-root, RuntimeDefault seccomp, no privilege escalation, every capability
-    dropped, no host namespaces, allowed volume types only."""
-    ns = next(o for o in render("overlays/dev") if o["kind"] == "Namespace")
-    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    checked = 0
-    for target, obj in all_objects():
-        for where, pod in pod_specs(obj):
-            psc = pod.get("securityContext", {})
-            assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")), (target, where)
-            for v in pod.get("volumes", []):
-                assert set(v) - {"name"} <= RESTRICTED_VOLUMES, (target, where, v)
-            for c in containers(pod):
-                sc = c.get("securityContext", {})
-                what = (target, where, c["name"])
-                assert sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True, what
-                assert sc.get("runAsUser", psc.get("runAsUser", 1)) != 0, what
-                assert (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type") == "RuntimeDefault", what
-                assert sc.get("allowPrivilegeEscalation") is False and not sc.get("privileged"), what
-                assert "ALL" in sc.get("capabilities", {}).get("drop", []), what
-                assert set(sc.get("capabilities", {}).get("add", [])) <= {"NET_BIND_SERVICE"}, what
-                checked += 1
-        if obj["kind"] == "RayCluster" and obj["spec"].get("enableInTreeAutoscaling"):
-            asc = obj["spec"]["autoscalerOptions"]["securityContext"]  # the autoscaler sidecar KubeRay adds
-            assert asc["allowPrivilegeEscalation"] is False and "ALL" in asc["capabilities"]["drop"]
-    assert checked >= 15
-
-
-# --------------------------------------------------------------------------------------------- install script
-
-
-def test_install_script_in_a_fresh_venv(tmp_path):
-    """The image's install steps, run by the same script in a fresh venv. The venv sees this environment's
-    packages through a .pth file, so pip checks every pin of the lock against them (installing only what differs)
-    instead of downloading gigabytes; headroom itself is installed from the working tree into the venv."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    py = venv / "bin" / "python"
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    Path(site, "_parent_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    src = tmp_path / "src"  # a copy: the script must not depend on this checkout's egg-info or caches
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "__pycache__", ".cache",
-                                                              "mlruns", "reports", "ray_results", "runs"))
-    # PIP_RETRIES: offline, the lock's extra index (PyTorch's CPU wheels) is unreachable; ask it once, not 5 times
-    env = {**os.environ, "PYTHON": str(py), "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_RETRIES": "0"}
-    r = subprocess.run(["bash", str(src / "k8s" / "images" / "install.sh"), str(src)], capture_output=True,
-                       text=True, timeout=900, env=env)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    h = subprocess.run([str(venv / "bin" / "headroom"), "--help"], capture_output=True, text=True, timeout=120)
-    assert h.returncode == 0 and "sweep" in h.stdout and "report" in h.stdout
-    where = subprocess.run([str(py), "-c", "import orchestration; print(orchestration.__file__)"],
-                           capture_output=True, text=True, cwd=tmp_path).stdout
-    assert where.startswith(site), where  # headroom from the venv, not from this checkout
 
 
 def _env(container) -> dict:

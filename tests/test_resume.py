@@ -1,0 +1,197 @@
+"""Faults, kills and resumes on one real sweep (a local Ray, MLflow in SQLite): a trial killed by the fault switch
+is retried by Ray and continues its own run; a killed driver resumes without rerunning or duplicating a unit; the
+resumed sweep's report has its prune-timing rows; global-scope controls copy the pruned head counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+from test_sweep import client, run_sweep, runs_of, split, steps_of, sweep_cmd
+
+# ------------------------------------------------------------------------- fault, kill, resume (one sweep)
+
+RESUME_SWEEP = """\
+name: resume
+family: decoder
+data: {source: stdlib}
+scales:
+  xs: {steps: 100, overrides: {batch_size: 8, seq_len: 64, warmup_steps: 5, val_every: 10, val_batches: 2,
+       eval_batches: 2}}
+seeds: [0, 1]
+prune: {ratios: [0.5], methods: [random], scope: [per_layer, global], finetune_steps: 5, calibration_batches: 2,
+        curve: false, at: [0.2, 1]}
+controls: [scratch_e]
+retries: 2
+"""
+FAULT_STEP = 25
+UNITS = 15  # 2 dense, 1 half-budget dense, 2 scratch_e (per_layer), 8 pruned (2 scopes × 2 timings), 2 scratch_e of
+# the global prunes
+
+
+def _descendants(pid):
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.fixture(scope="session")
+def interrupted(tmp_path_factory, cache_dir):
+    """The resume sweep with the fault switch on (one dense trial kills itself at step 25 and Ray retries it);
+    the driver is killed once the retried trial has finished and other units have not; then `--resume`."""
+    cwd = tmp_path_factory.mktemp("resume")
+    (cwd / "resume.yaml").write_text(RESUME_SWEEP)
+    env = {**os.environ, "HEADROOM_TEST_FAULT_STEP": str(FAULT_STEP)}
+    proc = subprocess.Popen(sweep_cmd("resume.yaml"), cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 600
+    c = None
+    killed_state = None
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            if not any("[headroom] train:" in line for line in lines):
+                continue  # the driver has created the MLflow tables once it starts training
+            c = c or client(cwd)
+            try:
+                _, children = split(runs_of(c, "resume"))
+            except Exception:  # the driver is creating tables
+                continue
+            done = [r for r in children if r.info.status == "FINISHED"]
+            retried = [r for r in done if r.data.metrics.get("resumed_at_step", 0) > 0]
+            # kill once Ray's retry has finished and another unit is mid-training with a checkpoint
+            mid = [r for r in children if r.info.status == "RUNNING" and "headroom.checkpoint" in r.data.tags
+                   and r.data.tags["headroom.stage"] == "train"]  # (a finishing prune unit has one too)
+            if retried and mid:
+                procs = _descendants(proc.pid)
+                os.killpg(proc.pid, signal.SIGKILL)
+                for p in procs:
+                    try:
+                        p.kill()
+                    except Exception:
+                        pass
+                proc.wait(30)
+                killed_state = {r.info.run_id: (r.info.status, r.info.end_time, dict(r.data.metrics))
+                                for r in split(runs_of(c, "resume"))[1]}
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    reader.join(10)
+    log = "".join(lines)
+    assert killed_state is not None, "the driver finished before the kill point:\n" + log[-3000:]
+    no_flag = run_sweep(cwd, "resume.yaml")
+    resumed = run_sweep(cwd, "resume.yaml", "--resume")
+    return {"cwd": cwd, "killed_state": killed_state, "no_flag": no_flag, "resumed": resumed, "log": log}
+
+
+def test_fault_switch_trial_retried_by_ray_continues_its_run(interrupted):
+    cwd = interrupted["cwd"]
+    assert len(list(cwd.glob("ray_results/resume-????????/fault-fired"))) == 1
+    c = client(cwd)
+    _, children = split(runs_of(c, "resume"))
+    retried = [r for r in children if r.data.metrics.get("resumed_at_step", 0) > 0
+               and r.info.run_id in interrupted["killed_state"]
+               and interrupted["killed_state"][r.info.run_id][0] == "FINISHED"]
+    assert len(retried) == 1
+    r = retried[0]
+    assert r.data.tags["headroom.arm"] == "dense"
+    # killed at step 25, restored from the checkpoint of step 20 (val_every 10): steps 21..25 ran twice and
+    # were logged once
+    assert r.data.metrics["resumed_at_step"] == 20
+    assert steps_of(c, r) == list(range(1, 101))
+    assert len(c.get_metric_history(r.info.run_id, "train/loss")) == 100
+    # its checkpoint of step 20, kept for pruning at 0.2 of training, survived the restart: the early prunes of
+    # this dense model started from it
+    early = [x for x in children if x.data.tags["headroom.prune_at"] == "0.2"
+             and x.data.tags["headroom.seed"] == r.data.tags["headroom.seed"]]
+    assert len(early) == 2 and all(x.info.status == "FINISHED" and x.data.metrics["prune_step"] == 20 for x in early)
+
+
+def test_killed_driver_resumes_without_rerunning_or_duplicating(interrupted):
+    cwd, before = interrupted["cwd"], interrupted["killed_state"]
+    # without --resume an interrupted sweep is not silently restarted
+    no_flag = interrupted["no_flag"]
+    assert no_flag.returncode == 2 and "pass --resume" in no_flag.stderr
+    assert len(no_flag.stderr.strip().splitlines()) == 1
+    r = interrupted["resumed"]
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    c = client(cwd)
+    parents, children = split(runs_of(c, "resume"))
+    assert len(parents) == 1
+    keys = [x.data.tags["headroom.key"] for x in children]
+    assert len(keys) == len(set(keys)) == UNITS
+    assert all(x.info.status == "FINISHED" for x in children)
+    unfinished_at_kill = [k for k, v in before.items() if v[0] != "FINISHED"]
+    assert len([v for v in before.values() if v[0] == "FINISHED"]) < UNITS
+    for x in children:
+        rid = x.info.run_id
+        if rid in before and before[rid][0] == "FINISHED":  # finished before the kill: untouched
+            assert (x.info.status, x.info.end_time) == before[rid][:2]
+            assert x.data.metrics == before[rid][2]
+        if x.data.tags["headroom.stage"] == "train":
+            T = int(x.data.params["steps"])
+            hist = c.get_metric_history(rid, "train/loss")
+            assert sorted(m.step for m in hist) == list(range(1, T + 1)), x.info.run_name
+    # a unit caught mid-training continued its own run (same run id as at the kill)
+    assert unfinished_at_kill and all(rid in {x.info.run_id for x in children} for rid in unfinished_at_kill)
+    continued = [x for x in children if x.info.run_id in unfinished_at_kill and x.data.tags["headroom.stage"] == "train"]
+    assert any(x.data.metrics.get("resumed_at_step", 0) > 0 for x in continued)  # from its checkpoint, not step 0
+    # pruned models: each logged once (a unit finished again after the kill finds its model logged), none where
+    # transformers alone would compute something else (a global prune leaving different counts per layer)
+    for x in children:
+        if x.data.tags["headroom.arm"] == "pruned":
+            found = c.search_logged_models([x.info.experiment_id], filter_string=f"source_run_id = '{x.info.run_id}'")
+            uniform = len(set(x.data.tags["headroom.kept"].split(","))) == 1
+            assert len(found) == int(uniform), x.info.run_name
+            assert x.data.tags["headroom.model"].startswith(
+                "models:/" if uniform else "not logged: its layers keep different head counts"), x.info.run_name
+
+
+def test_resumed_sweeps_report_prune_timing(interrupted):
+    """Pruning at 0.2 of training against pruning the trained model, in the resumed sweep's report."""
+    cwd = interrupted["cwd"]
+    v = json.loads((cwd / "reports" / "resume" / "verdict.json").read_text())
+    c = client(cwd)
+    _, children = split(runs_of(c, "resume"))
+    timing = {(t["scale"], t["family"], t["method"], t["prune_at"]): t for t in v["timing"]}
+    assert set(timing) == {("xs", "decoder", "random", 0.2), ("xs", "decoder", "random", 1.0)}
+    assert timing[("xs", "decoder", "random", 1.0)]["vs_late"] == "reference"
+    for (_, _, _, at), t in timing.items():
+        losses = [x.data.metrics["final/id/loss"] for x in children if x.data.tags["headroom.stage"] == "prune"
+                  and x.data.tags["headroom.scope"] == "per_layer" and float(x.data.tags["headroom.prune_at"]) == at]
+        assert t["n_seeds"] == len(losses) == 2 and t["loss_mean"] == pytest.approx(sum(losses) / 2, abs=1e-9)
+
+
+def test_global_scope_controls_copy_the_pruned_head_counts(interrupted):
+    c = client(interrupted["cwd"])
+    _, children = split(runs_of(c, "resume"))
+    pruned = {x.data.tags["headroom.seed"]: x for x in children
+              if x.data.tags["headroom.arm"] == "pruned" and x.data.tags["headroom.scope"] == "global"}
+    controls = [x for x in children if x.data.tags["headroom.scope"] == "global" and x.data.tags["headroom.arm"]
+                == "scratch_e"]
+    assert len(pruned) == 2 and len(controls) == 2
+    for x in controls:
+        p = pruned[x.data.tags["headroom.seed"]]
+        kept = p.data.tags["headroom.kept"]
+        assert sum(map(int, kept.split(","))) == 8  # half of 2 × 8 heads, wherever they scored lowest
+        want = kept.split(",")[0] if len(set(kept.split(","))) == 1 else kept
+        assert x.data.tags["headroom.heads"] == want
+        assert (x.data.tags["headroom.method"], x.data.tags["headroom.ratio"]) == ("random", "0.5")
+        assert x.data.params["steps"] == "100" and x.info.status == "FINISHED"
+        assert x.data.tags["headroom.dense_run_id"] == p.data.tags["headroom.dense_run_id"]  # the same dense run
+
+
+# -------------------------------------------------------------------------------------------- pretrained
