@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .config import HeadroomInputError
+from .distill import DistillSpec, recovery_loss, recovery_record
 from .families import layer_heads
 from .heads import prune_heads
 from .lm import HeadroomLM, eval_record, load_lm, optimizer_params
@@ -69,12 +70,14 @@ def pruned_checkpoint(raw: dict, model, keep: list[list[int]]):
 
 def prune_and_continue(snapshot: str | os.PathLike, data, plan: PrunePlan, *, eval_batches: int | None = None,
                        calibration_batches: int = DEFAULT_CALIBRATION_BATCHES, loss_fn: LossFn | None = None,
-                       dense_eval: dict | None = None, progress: bool = False):
+                       dense_eval: dict | None = None, progress: bool = False, recovery: str = "lm",
+                       distill: DistillSpec | None = None, teacher=None):
     """The prune stage started at a dense run's snapshot (`Snapshots` of train.py): score its model on calibration,
     remove heads, train on to the run's T steps (same schedule, data, moments), evaluate (`pre_ft`: the pruned
     model at T before the recovery fine-tune), recover, evaluate again. `data` is the dense run's data module.
     Returns (pruned model, scores, metrics) in run_prune's layout; `dense_eval` is the dense model's evaluation at
-    T on the same windows (the sweep's train trial measured it)."""
+    T on the same windows (the sweep's train trial measured it). `recovery` "distill" fine-tunes towards
+    `teacher`, the dense run's model at T (the one a prune at p = 1 distils from)."""
     t_start = time.perf_counter()
     timer = WorkTimer()
     if not Path(snapshot).is_file():
@@ -111,7 +114,8 @@ def prune_and_continue(snapshot: str | os.PathLike, data, plan: PrunePlan, *, ev
         dense = ({s: {k: dense_eval[s][k] for k in ("loss", "ppl", "tokens")} for s in sets}
                  if dense_eval is not None and all(s in dense_eval for s in sets) else {})
     windows = {"pre_ft": {s: split_windows(v) for s, v in pre_ft.items()}}
-    pruned, final, finetune_info = recover(pruned, data, plan, loaders, loss_fn, timer, progress)
+    train_loss = recovery_loss(recovery, teacher, distill) if plan.finetune_steps else None
+    pruned, final, finetune_info = recover(pruned, data, plan, loaders, loss_fn, timer, progress, train_loss)
     windows["final"] = {s: split_windows(v) for s, v in final.items()} if final else windows["pre_ft"]
     final = final or pre_ft
     timer.s["total_s"] = time.perf_counter() - t_start
@@ -120,6 +124,7 @@ def prune_and_continue(snapshot: str | os.PathLike, data, plan: PrunePlan, *, ev
         "heads_dense": heads, "heads_kept": [len(k) for k in keep], "kept": keep,
         "loss": {"dense": dense, "pre_ft": pre_ft, "pruned_no_ft": {}, "final": final},
         "finetune": finetune_info,
+        "recovery": recovery_record(recovery, distill),
         "params": {"dense": dense_cost["params"], "pruned": count_parameters(pruned)},
         "params_nonembedding": {"dense": dense_cost["params_nonembedding"],
                                 "pruned": count_parameters(pruned, embeddings=False)},

@@ -113,26 +113,28 @@ class HeadroomLM(pl.LightningModule):
     """Trains one transformers model built from `model_config` (a ModelConfig dict)."""
 
     def __init__(self, model_config: dict | None, train_config: dict, pad_id: int = PAD_ID, eos_id: int = EOS_ID,
-                 meta: dict | None = None, model=None, loss_fn=None):
+                 meta: dict | None = None, model=None, loss_fn=None, train_loss_fn=None):
         super().__init__()
-        self.save_hyperparameters(ignore=["model", "loss_fn"])
+        self.save_hyperparameters(ignore=["model", "loss_fn", "train_loss_fn"])
         self.model_cfg = ModelConfig(**model_config) if model_config else None
         self.train_cfg = TrainConfig(**train_config)
         if model is None:
             model = build_model(self.model_cfg, seed=self.train_cfg.seed, pad_id=pad_id, eos_id=eos_id)
         self.model = model
-        self.loss_fn = loss_fn or token_losses
+        self.loss_fn = loss_fn or token_losses  # validation's (and, unless train_loss_fn is given, training's)
+        # what the optimizer minimises when it is not the validation loss: distillation (lightning_modules/distill.py)
+        self.train_loss_fn = train_loss_fn or self.loss_fn
         self.n_params = count_parameters(self.model)
         self._t0: float | None = None
         self._val = [0.0, 0]
         self.last_train_loss = float("nan")  # the global batch's mean loss at the latest step
 
     @classmethod
-    def from_model(cls, model, train_cfg: TrainConfig, loss_fn=None) -> HeadroomLM:
+    def from_model(cls, model, train_cfg: TrainConfig, loss_fn=None, train_loss_fn=None) -> HeadroomLM:
         """Wrap an existing model (a pruned one, for recovery fine-tuning)."""
         mc = model_config_of(model)
         return cls(mc.model_dump(mode="json") if mc else None, train_cfg.model_dump(mode="json"), model=model,
-                   loss_fn=loss_fn)
+                   loss_fn=loss_fn, train_loss_fn=train_loss_fn)
 
     def forward(self, batch: dict) -> torch.Tensor:
         s, n = self.loss_fn(self.model, batch)
@@ -148,14 +150,15 @@ class HeadroomLM(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         world = self._world()
         if world == 1:
-            loss = self(batch)
+            s, n = self.train_loss_fn(self.model, batch)
+            loss = s.sum() / n.sum().clamp_min(1)
             shown = loss.detach()
         else:
             # data-parallel: each rank holds a share of the global batch, and DDP averages the ranks' gradients.
             # Dividing each rank's summed loss by the global token count (times the ranks) makes that average the
             # gradient of the global batch's mean loss, as one process would take it, even when the ranks predict
             # different numbers of tokens (masked LM)
-            s, n = self.loss_fn(self.model, batch)
+            s, n = self.train_loss_fn(self.model, batch)
             sums = torch.stack([s.sum().detach().float(), n.sum().float()])
             sums = self.trainer.strategy.reduce(sums, reduce_op="sum")
             loss = s.sum() * world / sums[1].clamp_min(1)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .config import HeadroomInputError, TrainConfig, heads_removed
+from .distill import DistillSpec, recovery_loss, recovery_record
 from .families import layer_heads, layer_shapes
 from .heads import attention_modules, head_gate, keep_mask, prune_heads
 from .lm import HeadroomLM, eval_record, evaluate
@@ -200,31 +201,34 @@ def measure_latency(model, batch: dict, repeats: int = 20, warmup: int = 3) -> f
 
 
 def finetune(model, data, steps: int, lr: float, base: TrainConfig, loss_fn: LossFn | None = None,
-             progress: bool = False, clock=None):
+             progress: bool = False, clock=None, train_loss: LossFn | None = None):
     """Recovery fine-tune of a (physically pruned) model for `steps` steps with the LightningModule, on the first
-    batches of the seeded training order. `clock` (a train.TrainClock) adds up the seconds inside training steps."""
+    batches of the seeded training order, minimising `train_loss` (default: `loss_fn`, the LM loss; distillation:
+    lightning_modules/distill.py). `clock` (a train.TrainClock) adds up the seconds inside training steps."""
     if steps <= 0:
         return model
     cfg = base.model_copy(update={"steps": steps, "lr": lr, "warmup_steps": min(base.warmup_steps, steps // 10),
                                   "val_every": steps})
     model.train()
-    lm = HeadroomLM.from_model(model, cfg, loss_fn=loss_fn)
+    lm = HeadroomLM.from_model(model, cfg, loss_fn=loss_fn, train_loss_fn=train_loss)
     fit(build_trainer(cfg, None, progress=progress, callbacks=[clock] if clock is not None else ()), lm,
         datamodule=data.with_train(cfg))
     return lm.model.eval()
 
 
-def recover(pruned, data, plan: PrunePlan, loaders: dict, loss_fn, timer: WorkTimer, progress: bool = False):
-    """The recovery fine-tune of `plan` (none when finetune_steps is 0): each rate of the plan fine-tunes a copy
-    and the lowest validation loss wins (chosen on val, never on an eval set). Returns (model, {split: evaluation
-    after it, per window} or {} without a fine-tune, {"lr", "source", "grid"})."""
+def recover(pruned, data, plan: PrunePlan, loaders: dict, loss_fn, timer: WorkTimer, progress: bool = False,
+            train_loss: LossFn | None = None):
+    """The recovery fine-tune of `plan` (none when finetune_steps is 0): each rate of the plan fine-tunes a copy,
+    minimising `train_loss` (default: `loss_fn`), and the lowest validation loss — `loss_fn`, the LM loss, also
+    after distillation — wins (chosen on val, never on an eval set). Returns (model, {split: evaluation after it,
+    per window} or {} without a fine-tune, {"lr", "source", "grid"})."""
     if not plan.finetune_steps:
         return pruned, {}, {"lr": None, "source": "none", "grid": {}}
     clock = TrainClock()
     grid, val_of, finetuned = {}, {}, {}
     for lr in plan.finetune_lrs:
         candidate = finetune(copy.deepcopy(pruned), data, plan.finetune_steps, lr, data.train_cfg, loss_fn, progress,
-                             clock)
+                             clock, train_loss)
         timer.s["train_s"] += clock.seconds
         clock.seconds = 0.0
         with timer("eval_s"):
@@ -272,7 +276,8 @@ RANDOM_DRAWS = 4  # extra random choices a `random` prune evaluates besides its 
 def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, calibration_batches: int = DEFAULT_CALIBRATION_BATCHES,
               curve_batches: int | None = None, loss_fn: LossFn | None = None, latency_batch_size: int = 16,
               latency_repeats: int = 20, curve: bool = True, progress: bool = False,
-              method_options: dict | None = None, dense_eval: dict | None = None, random_draws: int = RANDOM_DRAWS):
+              method_options: dict | None = None, dense_eval: dict | None = None, random_draws: int = RANDOM_DRAWS,
+              recovery: str = "lm", distill: DistillSpec | None = None):
     """The whole prune stage on one model: score on calibration, choose, evaluate masked (before fine-tune),
     remove physically, fine-tune (choosing its rate on val when the plan gives a grid), evaluate again, count and
     time. Returns (pruned model, scores, metrics).
@@ -280,7 +285,9 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
     eval_batches None evaluates every clean window of each split (up to the stated cap); `curve_batches` bounds
     the mask-only curve's evaluation (default: the same). `dense_eval` ({split: evaluate() result}) is the dense
     model's evaluation on exactly these windows when the caller has it already (a sweep's train trial measured
-    it); otherwise it is measured here. metrics["windows"] holds per-window losses before and after fine-tune."""
+    it); otherwise it is measured here. metrics["windows"] holds per-window losses before and after fine-tune.
+    `recovery` "distill" fine-tunes on the KL divergence to this (unpruned, frozen) model's logits, as `distill`
+    says (lightning_modules/distill.py); the losses reported stay LM losses."""
     t_start = time.perf_counter()
     timer = WorkTimer()
     model.eval()
@@ -335,7 +342,8 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
         # follows, on every set when it does not)
         after_prune = {s: evaluate_loss(pruned, l, loss_fn, per_window=not plan.finetune_steps)
                        for s, l in loaders.items() if plan.finetune_steps == 0 or s == "val"}
-    pruned, final, finetune_info = recover(pruned, data, plan, loaders, loss_fn, timer, progress)
+    train_loss = recovery_loss(recovery, model, distill) if plan.finetune_steps else None
+    pruned, final, finetune_info = recover(pruned, data, plan, loaders, loss_fn, timer, progress, train_loss)
     if not plan.finetune_steps:
         final = after_prune
     windows["final"] = {s: split_windows(v) for s, v in final.items()}
@@ -348,6 +356,7 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
         "kept": keep,
         "loss": {"dense": dense, "pre_ft": pre_ft, "pruned_no_ft": after_prune, "final": final},
         "finetune": finetune_info,
+        "recovery": recovery_record(recovery, distill),
         "params": {"dense": dense_cost["params"], "pruned": pruned_cost["params"]},
         "params_nonembedding": {"dense": dense_cost["params_nonembedding"],
                                 "pruned": count_parameters(pruned, embeddings=False)},
