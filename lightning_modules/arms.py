@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from .config import SCALES, HeadroomInputError, ModelConfig, model_config_for, wide_head_dim
-from .costs import scratch_b_steps
+from .costs import scratch_b_steps, scratch_kd_steps
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class Budget:
     dense_steps: int
     recovery_steps: int
     seq_len: int
+    recovery: str = "lm"  # the pruned arm's recovery objective: "distill" adds the teacher's forward passes
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,11 @@ class Arm:
     head_dim). A control (`control=True`) also gives `architecture(Shape) -> ModelConfig` and `steps(Budget) ->
     int`; `for_global`: a `global` prune gets its own unit copying the pruned per-layer counts (else the arm is a
     uniform shape, planned with the per-layer controls and compared with every scope); `search_as`: the arm whose
-    learning-rate search its architecture shares (one shape, one search)."""
+    learning-rate search its architecture shares (one shape, one search). `per_recovery`: its budget follows the
+    pruned arm's recovery (F and its objective), so the sweep plans one unit per recovery budget and objective in
+    `recoveries`, and the report pairs it with the pruned runs of that budget and objective only (else it stands
+    for every one); `teacher`: it trains by distillation from the dense run of its cell and seed, once that
+    run has finished."""
 
     name: str
     label: str
@@ -60,6 +65,9 @@ class Arm:
     steps: Callable[[Budget], int] | None = None
     for_global: bool = False
     search_as: str | None = None
+    per_recovery: bool = False
+    recoveries: tuple[str, ...] = ("lm", "distill")
+    teacher: bool = False
 
 
 _ARMS: dict[str, Arm] = {}
@@ -122,8 +130,14 @@ def dense_steps(b: Budget) -> int:
 
 
 def matched_compute(b: Budget) -> int:
-    """Scratch-B: the pruned arm's training FLOPs (dense T steps + the recovery steps at pruned size)."""
-    return scratch_b_steps(b.dense, b.model, b.dense_steps, b.recovery_steps, b.seq_len)
+    """Scratch-B: the pruned arm's training FLOPs (dense T steps + the recovery steps at pruned size, with the
+    teacher's forward passes when the recovery distils)."""
+    return scratch_b_steps(b.dense, b.model, b.dense_steps, b.recovery_steps, b.seq_len, b.recovery == "distill")
+
+
+def matched_distilled_compute(b: Budget) -> int:
+    """scratch_kd: the distilled pruned arm's training FLOPs, each of its own steps paying a teacher pass."""
+    return scratch_kd_steps(b.dense, b.model, b.dense_steps, b.recovery_steps, b.seq_len)
 
 
 # ---------------------------------------------------------------------------------------------- the arms
@@ -141,8 +155,14 @@ register_arm(Arm("scratch_b", "Scratch-B",
                  "Scratch-B control: the pruned architecture ({heads}) trained from scratch until its training "
                  "FLOPs match dense training plus fine-tuning, {steps} ({what}).",
                  control=True, architecture=pruned_shape, steps=matched_compute, for_global=True,
-                 search_as="scratch_e"))
+                 search_as="scratch_e", per_recovery=True))
 register_arm(Arm("wide", "wide",
                  "wide control: {heads} of {head_dim} dims, as wide as the dense model's attention allows (the "
                  "usual fewer-heads model), trained from scratch for {steps} ({what}).",
                  control=True, architecture=wide_shape, steps=dense_steps))
+register_arm(Arm("scratch_kd", "Scratch-KD",
+                 "Scratch-KD control: the pruned architecture ({heads}) trained from scratch by distillation from "
+                 "the dense model of its seed (the pruned arm's teacher), {steps}, the distilled pruned arm's "
+                 "training FLOPs with every teacher pass counted ({what}).",
+                 control=True, architecture=pruned_shape, steps=matched_distilled_compute, search_as="scratch_e",
+                 per_recovery=True, recoveries=("distill",), teacher=True))

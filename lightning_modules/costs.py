@@ -79,14 +79,38 @@ def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     return 3 * flops_per_token(cfg, seq_len).total
 
 
+def teacher_flops_per_token(dense: ModelConfig, seq_len: int) -> int:
+    """A distillation teacher's cost per training token: one forward pass of the dense model, a third of its
+    training step's FLOPs (`train_flops_per_token` / 3)."""
+    return flops_per_token(dense, seq_len).total
+
+
+def pruned_arm_flops_per_token(dense: ModelConfig, pruned: ModelConfig, dense_steps: int, recovery_steps: int,
+                               seq_len: int, distill: bool = False) -> int:
+    """The pruned arm's training compute, per token of one step: T steps at dense size, then the recovery steps
+    at pruned size, each with the teacher's forward pass when the recovery distils:
+    T·C_dense + R·(C_pruned + [distill] C_dense/3). Head scoring and evaluation are not counted."""
+    per_recovery = train_flops_per_token(pruned, seq_len) + (teacher_flops_per_token(dense, seq_len) if distill else 0)
+    return dense_steps * train_flops_per_token(dense, seq_len) + recovery_steps * per_recovery
+
+
 def scratch_b_steps(
-    dense: ModelConfig, pruned: ModelConfig, dense_steps: int, finetune_steps: int, seq_len: int
+    dense: ModelConfig, pruned: ModelConfig, dense_steps: int, finetune_steps: int, seq_len: int,
+    distill: bool = False,
 ) -> int:
     """Steps that give the pruned architecture, trained from scratch, the training FLOPs of the pruned arm:
     dense T steps at dense size + the recovery steps at pruned size (Liu et al. 2019 "Scratch-B"; every candidate
-    fine-tune counts: F per rate tried when the rate is chosen on val; head scoring is not counted). Tokens per
-    step are equal, so the budget converts to steps via FLOPs per token."""
-    budget = dense_steps * train_flops_per_token(dense, seq_len) + finetune_steps * train_flops_per_token(
-        pruned, seq_len
-    )
+    fine-tune counts: F per rate tried when the rate is chosen on val; head scoring is not counted), the teacher's
+    forward passes included when the recovery distils. Tokens per step are equal, so the budget converts to steps
+    via FLOPs per token."""
+    budget = pruned_arm_flops_per_token(dense, pruned, dense_steps, finetune_steps, seq_len, distill)
     return int(round(budget / train_flops_per_token(pruned, seq_len)))
+
+
+def scratch_kd_steps(dense: ModelConfig, pruned: ModelConfig, dense_steps: int, finetune_steps: int,
+                     seq_len: int) -> int:
+    """Steps of the `scratch_kd` control — the pruned architecture from scratch, distilled from the dense teacher
+    at every step — that spend the distilled pruned arm's compute, each step's teacher pass counted:
+    (T·C_dense + R·(C_pruned + C_dense/3)) / (C_pruned + C_dense/3)."""
+    budget = pruned_arm_flops_per_token(dense, pruned, dense_steps, finetune_steps, seq_len, distill=True)
+    return int(round(budget / (train_flops_per_token(pruned, seq_len) + teacher_flops_per_token(dense, seq_len))))

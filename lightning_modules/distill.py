@@ -16,28 +16,16 @@ per token (lightning_modules/costs.py `teacher_flops_per_token`), so Scratch-B's
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
-from .config import Strict
-
-RecoveryKind = Literal["lm", "distill"]
-
-
-class DistillSpec(Strict):
-    """How a distilled run learns from its teacher (see the module's formula; defaults: Minitron's)."""
-
-    temperature: float = Field(default=1.0, gt=0)
-    lm_weight: float = Field(default=0.0, ge=0, le=1)
+from .prune_plan import DistillSpec, RecoveryKind  # noqa: F401 - the objective's settings live with the plan
 
 
 class LogitDistillation:
     """A loss function in headroom's form, `(model, batch) -> (summed loss [B], predicted tokens [B])`, over the
-    tokens the LM loss predicts (labels ≠ -100, shifted for a causal model). The teacher runs without gradients,
-    in eval mode, on the batch's device, ungated (a gated model as its own teacher would be a bug: it must not be)."""
+    tokens the LM loss predicts (labels ≠ -100, shifted for a causal model). The teacher (frozen here) runs without
+    gradients, in eval mode, on the batch's device."""
 
     def __init__(self, teacher: torch.nn.Module, spec: DistillSpec | None = None):
         self.teacher = teacher.eval()

@@ -24,6 +24,7 @@ def check_method(v: str) -> str:
 
 
 Scope = Literal["per_layer", "global"]
+RecoveryKind = Literal["lm", "distill"]  # what the recovery fine-tune minimises (lightning_modules/distill.py)
 PruneSchedule = Literal["one_shot", "iterative"]
 
 
@@ -63,6 +64,14 @@ class PrunePlan(Strict):
         return self.finetune_steps * len(self.finetune_lrs)
 
     _method = field_validator("method")(classmethod(lambda cls, v: check_method(v)))
+
+
+class DistillSpec(Strict):
+    """How a distilled run learns from its teacher: temperature τ and the weight of the LM term (the formula and
+    why these defaults, Minitron's: lightning_modules/distill.py)."""
+
+    temperature: float = Field(default=1.0, gt=0)
+    lm_weight: float = Field(default=0.0, ge=0, le=1)
 
 
 def check_ratio_fits(layer_heads: list[int], ratio: float, scope: str) -> None:

@@ -82,6 +82,14 @@ AXES: tuple[Axis, ...] = (
     # prune units: the fraction of T at which heads are removed (1: the trained model); "none" on other units
     Axis("prune_at", "prune.at", 1.0, to_tag=_num_or_none, from_tag=_float(1.0), key="when_set",
          get=lambda u: u.prune_at if u.stage == "prune" else None),
+    # the recovery budget F: a prune unit's own; a budget-matched control's when the sweep lists several F ("none":
+    # it stands for every F). Its key: hashed when set (a single F, as before the axis, adds nothing)
+    Axis("finetune_steps", "prune.finetune_steps", None, to_tag=_int_or_none, from_tag=_int_or(None),
+         key="when_set", get=lambda u: u.prune.finetune_steps if u.stage == "prune" else u.finetune_steps),
+    # the recovery objective (lm | distill) of a prune unit, or of the pruned arm a control's budget is matched to
+    Axis("recovery", "prune.recovery", "lm", key="when_set",
+         get=lambda u: u.recovery if u.stage == "prune" or u.finetune_steps is not None or u.recovery != "lm"
+         else NONE),
 )
 BY_NAME = {a.name: a for a in AXES}
 

@@ -107,24 +107,50 @@ def snapshot_step(at: float, steps: int) -> int:
 
 
 def _trained(sweep, arm, scale, family, seed, model: ModelConfig, train: TrainConfig, corpus_hash, ratio=None,
-             method=NONE, scope=NONE, schedule=NONE, dense_key=None, lr_source="preset", budget=None) -> Unit:
+             method=NONE, scope=NONE, schedule=NONE, dense_key=None, lr_source="preset", budget=None,
+             recovery: tuple[int, str] | None = None) -> Unit:
     probes, snapshots = None, ()
     if arm == "dense":
         if sweep.probes is not None:
             probes = ProbeRun(**sweep.probes.model_dump(), tolerance=sweep.prune.tolerance)
         snapshots = tuple(sorted({snapshot_step(p, train.steps) for p in sweep.prune.at if p < 1}))
+    extra = {} if recovery is None else _recovery_fields(sweep, *recovery)
+    # only a control that learns from a teacher distils; Scratch-B matched to a distilled arm trains on the LM loss
+    extra["distill"] = sweep.prune.distill if ARMS[arm].teacher else None
     return Unit("train", arm, scale, family, seed, model, train, sweep.data, corpus_hash,
                 _heads(list(model.layer_heads)), method=method,
                 ratio=ratio, scope=scope, schedule=schedule, dense_key=dense_key, probes=probes,
-                lr_source=lr_source, budget=budget, snapshots=snapshots).with_key()
+                lr_source=lr_source, budget=budget, snapshots=snapshots, **extra).with_key()
 
 
-def recovery_steps(sweep: Sweep, dense_lr: float | None) -> int:
-    """Steps the pruned arm of a dense model trained at `dense_lr` trains at its pruned size in recovery, as its
-    prune units plan them (PrunePlan.recovery_steps): F for each candidate rate it fine-tunes. Scratch-B's budget
-    counts every one: the pruned arm trained them all to pick its best."""
-    run = _prune_run(sweep, dense_lr)
+def recovery_steps(sweep: Sweep, dense_lr: float | None, finetune_steps: int) -> int:
+    """Steps the pruned arm of a dense model trained at `dense_lr` trains at its pruned size in a recovery of F =
+    `finetune_steps`, as its prune units plan them (PrunePlan.recovery_steps): F for each candidate rate it
+    fine-tunes. Scratch-B's budget counts every one: the pruned arm trained them all to pick its best."""
+    run = _prune_run(sweep, dense_lr, finetune_steps)
     return PrunePlan(ratio=0.0, **{k: getattr(run, k) for k in _PLAN_FIELDS}).recovery_steps
+
+
+def recoveries(sweep: Sweep) -> list[tuple[int, str]]:
+    """(F, objective) of every recovery the sweep's prunes run: each budget F with each objective of
+    `prune.recovery`; F = 0 (no fine-tune, so no objective) once, as "lm"."""
+    p = sweep.prune
+    return [(f, kind) for f in p.finetune_steps for kind in (p.recovery if f > 0 else ["lm"])]
+
+
+def _recovery_fields(sweep: Sweep, f: int, kind: str) -> dict:
+    """A unit's recovery fields: F when the sweep lists several (the name and key carry it), the objective, and
+    the distillation settings of a distilled unit."""
+    return {"finetune_steps": f if len(sweep.prune.finetune_steps) > 1 else None, "recovery": kind,
+            "distill": sweep.prune.distill if kind == "distill" else None}
+
+
+def _control_variants(sweep: Sweep, arm) -> list[tuple[int, str] | None]:
+    """The recoveries a control is planned for: one per (F, objective) of its `recoveries` when its budget follows
+    the recovery (`per_recovery`), else one unit standing for every recovery (None)."""
+    if not arm.per_recovery:
+        return [None]
+    return [(f, kind) for f, kind in recoveries(sweep) if kind in arm.recoveries]
 
 
 def _cells(sweep: Sweep):
@@ -166,19 +192,22 @@ def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None,
                 m = arm.architecture(Shape(scale, family, model, h, heads_kept(h, ratio), vocab_size,
                                            f"{scale}-{family}-{name}-r{ratio:g}-s{seed}"))
                 lr_c, source_c = lr_for(sweep, scale, family, arch_key(m), lrs)
-                t = _train_cfg(sweep, scale, seed, lr_c, budget)
-                t = t.model_copy(update={"steps": arm.steps(
-                    Budget(model, m, train.steps, recovery_steps(sweep, train.lr), train.seq_len))})
-                controls.append(_trained(sweep, name, scale, family, seed, m, t, corpus_hash, ratio,
-                                         scope="per_layer", lr_source=source_c, budget=tag))
+                for variant in _control_variants(sweep, arm):
+                    f, kind = variant or (max(sweep.prune.finetune_steps), "lm")
+                    t = _train_cfg(sweep, scale, seed, lr_c, budget)
+                    t = t.model_copy(update={"steps": arm.steps(
+                        Budget(model, m, train.steps, recovery_steps(sweep, train.lr, f), train.seq_len, kind))})
+                    controls.append(_trained(sweep, name, scale, family, seed, m, t, corpus_hash, ratio,
+                                             scope="per_layer", lr_source=source_c, budget=tag, recovery=variant,
+                                             dense_key=dense[-1].key if arm.teacher else None))
     return dense + controls
 
 
-def _prune_run(sweep: Sweep, dense_lr: float | None) -> PruneRun:
+def _prune_run(sweep: Sweep, dense_lr: float | None, finetune_steps: int) -> PruneRun:
     p = sweep.prune
     grid = () if p.finetune_lr is not None or dense_lr is None else tuple(m * dense_lr for m in p.finetune_lr_grid)
-    return PruneRun(step=p.step, finetune_steps=p.finetune_steps, finetune_lr=p.finetune_lr,
-                    finetune_lr_grid=grid if p.finetune_steps else (), calibration_batches=p.calibration_batches,
+    return PruneRun(step=p.step, finetune_steps=finetune_steps, finetune_lr=p.finetune_lr,
+                    finetune_lr_grid=grid if finetune_steps else (), calibration_batches=p.calibration_batches,
                     curve=p.curve, curve_batches=p.curve_batches)
 
 
@@ -187,15 +216,17 @@ def prune_units(sweep: Sweep, dense: list[Unit]) -> list[Unit]:
     recovery fine-tune's rate is the sweep's `finetune_lr`, or chosen on val from `finetune_lr_grid` × the dense
     model's own rate."""
     out = []
+    p = sweep.prune
     for d in dense:
-        run = _prune_run(sweep, d.train.lr if d.model is not None else None)  # None: a pretrained checkpoint's
-        p = sweep.prune
-        for at, method, ratio, scope, schedule in itertools.product(p.at, p.methods, p.ratios, p.scope, p.schedule):
+        for (f, kind), at, method, ratio, scope, schedule in itertools.product(
+                recoveries(sweep), p.at, p.methods, p.ratios, p.scope, p.schedule):
+            run = _prune_run(sweep, d.train.lr if d.model is not None else None, f)  # None: a pretrained model's
             out.append(Unit("prune", "pruned", d.scale, d.family, d.seed, d.model, d.train, d.data, d.corpus_hash,
                             d.heads, method=method, ratio=ratio, scope=scope, schedule=schedule,
                             # the mask-only curve is of the trained model: a prune during training draws none
                             prune=run if at == 1 else run.model_copy(update={"curve": False}),
-                            dense_key=d.key, lr_source=d.lr_source, budget=d.budget, prune_at=at).with_key())
+                            dense_key=d.key, lr_source=d.lr_source, budget=d.budget, prune_at=at,
+                            **_recovery_fields(sweep, f, kind)).with_key())
     return out
 
 
@@ -221,11 +252,13 @@ def global_control_units(sweep: Sweep, pruned: Unit, dense: Unit, kept_per_layer
         if source == "searched":
             source = f"searched:{arch_key(uniform)}"
         train = dense.train.model_copy(update={"lr": lr})
+        f, kind = pruned.prune.finetune_steps, pruned.recovery
         t = train.model_copy(update={"steps": arm.steps(
-            Budget(d_model, small, train.steps, recovery_steps(sweep, dense.train.lr), train.seq_len))})
+            Budget(d_model, small, train.steps, recovery_steps(sweep, dense.train.lr, f), train.seq_len, kind))})
         out.append(_trained(sweep, name, pruned.scale, pruned.family, pruned.seed, small, t, pruned.corpus_hash,
                             pruned.ratio, method=pruned.method, scope="global", schedule=pruned.schedule,
-                            dense_key=dense.key, lr_source=source, budget=dense.budget))
+                            dense_key=dense.key, lr_source=source, budget=dense.budget,
+                            recovery=(f, kind) if arm.per_recovery else None))
     return out
 
 def pretrained_units(sweep: Sweep, family: str, checkpoint_id: str, heads: list[int], corpus_hash: str) -> list[Unit]:
@@ -254,6 +287,9 @@ class Plan:
     trained: list[Unit]
     pruned: list[Unit]
     lrs: dict | None = None  # (scale, family, arch_key) -> a searched rate
+    # controls that learn from the dense run of their cell and seed (arms.Arm.teacher: scratch_kd), trained once
+    # that run has finished (with the global controls, after the prunes)
+    taught: list[Unit] = ()
 
     @property
     def dense(self) -> list[Unit]:
@@ -278,21 +314,25 @@ class Plan:
     def global_controls(self, kept_of, pruned: list[Unit] | None = None) -> list[Unit]:
         """The controls of every global prune (of `pruned`, default all) whose kept heads `kept_of(unit)` gives
         (None: not known, no controls)."""
-        out = []
+        out = {}
         for p in self.pruned if pruned is None else pruned:
             if p.scope == "global" and self.sweep.controls:
                 kept = kept_of(p)
                 if kept is not None:
-                    out += self.controls_of(p, kept)
-        return out
+                    # a control whose budget does not follow the recovery stands for the prunes of every F and
+                    # objective of one (method, ratio, schedule): planned once
+                    out.update((u.key, u) for u in self.controls_of(p, kept))
+        return list(out.values())
 
 
 def build_plan(sweep: Sweep, corpus_hash: str, vocab_size: int = BYTE_VOCAB_SIZE, lrs: dict | None = None) -> Plan:
     """The plan of a scales sweep (a pretrained sweep's units: `pretrained_units`). Its training units take the
     searched rates `lrs` when given (the stages build the plan again once the search has run)."""
     search = lr_search_bases(sweep, corpus_hash, vocab_size) if sweep.lr is not None and sweep.lr.search else []
-    trained = train_units(sweep, corpus_hash, lrs, vocab_size)
-    return Plan(sweep, search, trained, prune_units(sweep, [u for u in trained if u.arm == "dense"]), lrs)
+    units = train_units(sweep, corpus_hash, lrs, vocab_size)
+    trained = [u for u in units if not ARMS[u.arm].teacher]
+    taught = [u for u in units if ARMS[u.arm].teacher]
+    return Plan(sweep, search, trained, prune_units(sweep, [u for u in trained if u.arm == "dense"]), lrs, taught)
 
 
 def expected_names(sweep: Sweep) -> list[str]:
@@ -305,4 +345,4 @@ def expected_names(sweep: Sweep) -> list[str]:
     plan = build_plan(sweep, "-")
     dense = {u.key: u for u in plan.dense}
     controls = plan.global_controls(lambda p: list(dense[p.dense_key].model.layer_heads))
-    return [u.name for u in plan.trained + plan.pruned + controls]
+    return [u.name for u in plan.trained + plan.pruned + controls + list(plan.taught)]

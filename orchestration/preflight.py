@@ -64,6 +64,14 @@ class PlanRow:
     trials: int | None = None  # lr_search: the candidates of this architecture's search
     budget: int | None = None  # the dense budget T this unit belongs to, when its scale lists several
     prune_at: float | None = None  # prune units: the fraction of T at which the heads go (1: the trained model)
+    # prune units and the controls whose budget follows the recovery: the recovery budget F and objective
+    finetune_steps: int | None = None
+    recovery: str | None = None
+    # the arm's training compute: a prune unit's whole pruned arm (the dense run's T steps, the steps after an
+    # early prune, every candidate fine-tune with the teacher's forward passes when it distils); a trained unit's
+    # own steps (a distilled control's teacher passes included). Scratch-B and scratch_kd equal their pruned arm
+    # to within one of their steps
+    arm_train_flops: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -153,16 +161,18 @@ def _prune_cost(sweep: Sweep, u: Unit, plan: PrunePlan, fwd_dense: int, fwd_prun
         curve = points * sets * _eval_tokens(t, u.prune.curve_batches or t.eval_batches) * fwd_dense
     evals = sets * ev * (fwd_dense + fwd_pruned)  # before and after fine-tune (dense: its train trial measured)
     ft = len(plan.finetune_lrs) * (3 * plan.finetune_steps * bt + _eval_tokens(t, t.eval_batches)) * fwd_pruned
-    return int(scoring + curve + evals + ft)
+    teacher = len(plan.finetune_lrs) * plan.finetune_steps * bt * fwd_dense if u.recovery == "distill" else 0
+    return int(scoring + curve + evals + ft + teacher)
 
 
 # ------------------------------------------------------------------------------------------------ rows
 
 
 def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: int, est: int, sweep: Sweep,
-         heads: list[int] | None, lr, trials=None) -> PlanRow:
+         heads: list[int] | None, lr, trials=None, arm_flops: int | None = None) -> PlanRow:
     t = u.train
     tokens = steps * t.batch_size * t.seq_len
+    arm_flops = 3 * fwd * tokens if arm_flops is None else arm_flops
     source = "searched" if lr == "searched" else u.lr_source
     return PlanRow(
         name=u.name, stage=stage, arm=u.arm, scale=u.scale, family=u.family, heads=heads,
@@ -172,7 +182,10 @@ def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: 
         train_flops=3 * fwd * tokens, est_flops=int(est), ratio=u.ratio, method=None if u.method == "none" else
         u.method, scope=None if u.scope == "none" else u.scope, seed=u.seed,
         resources=trial_resources(sweep, u), trials=trials, budget=u.budget,
-        prune_at=u.prune_at if u.stage == "prune" else None)
+        prune_at=u.prune_at if u.stage == "prune" else None,
+        finetune_steps=u.prune.finetune_steps if u.prune else u.finetune_steps,
+        recovery=u.recovery if u.prune or u.finetune_steps is not None or u.recovery != "lm" else None,
+        arm_train_flops=int(arm_flops))
 
 
 def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
@@ -196,6 +209,15 @@ def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
         params, fwd = _build(u.name, model, t)
         rows.append(_row(u, "train", model, params, fwd, t.steps, _train_cost(sweep, t, fwd), sweep,
                          list(model.layer_heads), "searched" if searched else t.lr))
+    dense_of = {d.key: d for d in sweep_plan.dense}
+    for u in sweep_plan.taught:  # trained from scratch by distillation: every step pays a teacher pass
+        model, t = u.model, u.train
+        params, fwd = _build(u.name, model, t)
+        _, fwd_teacher = _build(u.name, dense_of[u.dense_key].model, t)
+        teacher = fwd_teacher * t.steps * t.batch_size * t.seq_len
+        rows.append(_row(u, "controls", model, params, fwd, t.steps, _train_cost(sweep, t, fwd) + teacher, sweep,
+                         list(model.layer_heads), "searched" if searched else t.lr,
+                         arm_flops=3 * fwd * t.steps * t.batch_size * t.seq_len + teacher))
     for u in sweep_plan.pruned:
         d_model, t = u.model, u.train
         _, fwd_dense = _build(u.name, d_model, t)
@@ -206,12 +228,17 @@ def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
         params, fwd = _build(u.name, pruned, t)
         est = _prune_cost(sweep, u, plan, fwd_dense, fwd, sum(d_model.layer_heads))
         steps = plan.recovery_steps  # every candidate rate's fine-tune (Scratch-B counts them)
+        bt = t.batch_size * t.seq_len
+        teacher = fwd_dense * steps * bt if u.recovery == "distill" else 0
+        dense_steps = t.steps
         if u.prune_at < 1:  # trained on from p·T to T before the recovery fine-tune
             cont = t.steps - snapshot_step(u.prune_at, t.steps)
             est += _train_cost(sweep, t.model_copy(update={"steps": cont}), fwd, final_eval=False)
             steps += cont
+            dense_steps -= cont
+        arm = 3 * fwd_dense * dense_steps * bt + 3 * fwd * steps * bt + teacher
         row = _row(u, "prune", pruned, params, fwd, steps, est, sweep, heads,
-                   plan.finetune_lr if plan.finetune_lr is not None else "val-grid")
+                   plan.finetune_lr if plan.finetune_lr is not None else "val-grid", arm_flops=arm)
         # the fine-tune's rate: fixed by the sweep, or chosen on val from a grid of multiples of the dense rate
         row.lr_source = "sweep" if plan.finetune_lr is not None else (
             "grid " + ",".join(f"{m:g}" for m in sweep.prune.finetune_lr_grid) + " × dense lr")
@@ -251,8 +278,9 @@ def _si(x: float) -> str:
 
 
 def format_table(rows: list[PlanRow], vocab_note: str) -> str:
-    head = ["stage", "scale", "T", "family", "arm", "method", "ratio", "at", "seed", "heads", "head_dim", "width",
-            "lr", "steps", "tokens", "params", "FLOPs/tok", "train FLOPs", "est. FLOPs", "resources"]
+    head = ["stage", "scale", "T", "family", "arm", "method", "ratio", "at", "F", "seed", "heads", "head_dim",
+            "width", "lr", "steps", "tokens", "params", "FLOPs/tok", "train FLOPs", "arm FLOPs", "est. FLOPs",
+            "resources"]
     table = [head]
     for r in rows:
         heads = (",".join(map(str, r.heads)) if r.heads and len(set(r.heads)) > 1 else
@@ -261,8 +289,9 @@ def format_table(rows: list[PlanRow], vocab_note: str) -> str:
         seed = f"×{r.trials} trials" if r.trials else str(r.seed)
         table.append([r.stage, r.scale, "—" if r.budget is None else str(r.budget), r.family, r.arm,
                       r.method or "—", "—" if r.ratio is None else f"{r.ratio:g}",
-                      "—" if r.prune_at is None else f"{r.prune_at:g}", seed, heads, str(r.head_dim), str(r.attention_width), lr, str(r.steps), _si(r.tokens),
-                      _si(r.params), _si(r.flops_per_token), _si(r.train_flops), _si(r.est_flops),
+                      "—" if r.prune_at is None else f"{r.prune_at:g}", _show_recovery(r), seed, heads,
+                      str(r.head_dim), str(r.attention_width), lr, str(r.steps), _si(r.tokens), _si(r.params),
+                      _si(r.flops_per_token), _si(r.train_flops), _si(r.arm_train_flops), _si(r.est_flops),
                       _show_resources(r.resources)])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
@@ -276,9 +305,19 @@ def format_table(rows: list[PlanRow], vocab_note: str) -> str:
                  + ", ".join(f"{k} {_si(v)}" for k, v in by_stage.items()) + "); vocabulary " + vocab_note)
     lines.append("Estimates count training (3 × forward), evaluation, scoring and fine-tuning; a whole-split "
                  "evaluation is counted at its cap. Global-scope rows show the total kept heads: the scores choose "
-                 "each layer's.")
+                 "each layer's. F: the recovery budget (kd: by distillation, each step with the dense teacher's "
+                 "forward pass, a third of a dense training step). Arm FLOPs: a prune row's whole pruned arm "
+                 "(dense training + recovery), a trained row's own training; Scratch-B and Scratch-KD match their "
+                 "pruned arm's.")
     lines.append(cluster_note(rows))
     return "\n".join(lines)
+
+
+def _show_recovery(r: PlanRow) -> str:
+    if r.finetune_steps is None and r.recovery is None:
+        return "—"
+    f = "all" if r.finetune_steps is None else str(r.finetune_steps)
+    return f + (" kd" if r.recovery == "distill" else "")
 
 
 def _show_resources(r: dict) -> str:

@@ -16,7 +16,9 @@ from lightning_modules.prune_plan import (
     DEFAULT_CALIBRATION_BATCHES,
     DEFAULT_FINETUNE_LR_GRID,
     DEFAULT_TOLERANCE,
+    DistillSpec,
     PruneSchedule,
+    RecoveryKind,
     Scope,
     check_method,
 )
@@ -121,7 +123,11 @@ class PruneSpec(Strict):
     scope: Annotated[list[Scope], NonEmpty, AfterValidator(_unique)] = ["per_layer"]
     schedule: Annotated[list[PruneSchedule], NonEmpty, AfterValidator(_unique)] = ["one_shot"]
     step: float = Field(default=0.1, gt=0, le=1)  # iterative: fraction of the heads removed per round
-    finetune_steps: int = Field(default=0, ge=0)
+    # the recovery budget F (a list: an axis, each value its own prune units and its own budget-matched controls)
+    finetune_steps: Annotated[list[Annotated[int, Field(ge=0)]], NonEmpty, AfterValidator(_unique)] = [0]
+    # what the recovery fine-tune minimises: the LM loss, or the KL divergence to the dense teacher (an axis too)
+    recovery: Annotated[list[RecoveryKind], NonEmpty, AfterValidator(_unique)] = ["lm"]
+    distill: DistillSpec = DistillSpec()  # temperature and LM-term weight of `distill` (lightning_modules/distill.py)
     # the recovery fine-tune's rate: a number fixes it; absent, it is chosen on the validation split from the
     # grid below, multiples of the dense model's own learning rate
     finetune_lr: float | None = Field(default=None, gt=0)
@@ -135,7 +141,8 @@ class PruneSpec(Strict):
     # checkpoint at each p·T < T; the pruned model trains on to T, then the recovery fine-tune). 0: at init.
     at: Annotated[list[Annotated[float, Field(ge=0, le=1)]], NonEmpty, AfterValidator(_unique)] = [1.0]
 
-    _lists = field_validator("scope", "schedule", "at", mode="before")(classmethod(lambda cls, v: _as_list(v)))
+    _lists = field_validator("scope", "schedule", "at", "finetune_steps", "recovery", mode="before")(
+        classmethod(lambda cls, v: _as_list(v)))
 
 
 class LrSearch(Strict):
@@ -241,8 +248,13 @@ class Sweep(Strict):
                                                         "log_models"})
         for sc in (science.get("scales") or {}).values():
             del sc["resources"]  # a scale's resources too (and sweeps from before they existed keep their hash)
-        if science["prune"]["at"] == [1.0]:  # the default (pruning the trained model): sweeps from before keep
-            del science["prune"]["at"]  # their hash, so --resume finds their runs
+        prune = science["prune"]
+        if prune["at"] == [1.0]:  # the default (pruning the trained model): sweeps from before keep
+            del prune["at"]  # their hash, so --resume finds their runs
+        if len(prune["finetune_steps"]) == 1:  # one recovery budget hashes as the number it was before the axis
+            prune["finetune_steps"] = prune["finetune_steps"][0]
+        if prune["recovery"] == ["lm"] and prune["distill"] == DistillSpec().model_dump(mode="json"):
+            del prune["recovery"], prune["distill"]  # the defaults: no distillation, the hash of before
         return hashlib.sha256(json.dumps(science, sort_keys=True).encode()).hexdigest()[:12]
 
     @property

@@ -22,14 +22,19 @@ A sweep file, with the defaults of the fields it may leave out:
       methods: [gradient, ablation, random]
       scope: [per_layer]            # per_layer | global
       schedule: [one_shot]          # one_shot | iterative (step: fraction removed per round)
-      finetune_steps: 0             # recovery fine-tune F
+      finetune_steps: 0             # recovery fine-tune F; a list ([20, 200, 1000]) is an axis: each F its own
+                                    # prunes and its own Scratch-B (whose budget follows F)
+      recovery: [lm]                # what the fine-tune minimises: lm (next token) | distill (KL to the dense
+                                    # teacher's logits); [lm, distill]: both, each with its own Scratch-B
+      distill: {temperature: 1.0, lm_weight: 0.0}   # distill's settings (lightning_modules/distill.py)
       # finetune_lr: 3.0e-4         # a number fixes the fine-tune's rate; absent, it is chosen on val from:
       finetune_lr_grid: [0.03, 0.1, 0.3]    # multiples of the dense model's learning rate
       # curve_batches: 4            # batches per point of the mask-only curve (absent: the eval budget)
       tolerance: 0.05               # "prunable": pruned loss before fine-tune <= dense loss x (1 + tolerance)
       at: [1.0]                     # prune timing: fractions of T at which heads go (0: at init; p < 1: the
                                     # dense run keeps a checkpoint at p·T, the pruned model trains on to T)
-    controls: [scratch_e, scratch_b, wide]
+    controls: [scratch_e, scratch_b, wide]   # and scratch_kd: the pruned shape from scratch, distilled from
+                                    # the same dense teacher for the distilled pruned arm's compute
     lr: 3.0e-3                      # or {search: {trials: 4, low: 1.0e-3, high: 1.0e-2, steps: 40}}: one search
                                     # per architecture trained from scratch; absent: the scale preset's
     probes: {every: 50, method: gradient, batches: 2, redundancy: true}   # absent: no probes
@@ -53,6 +58,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from lightning_modules.arms import ARMS
 from lightning_modules.checkpoints import checkpoint_info
 from lightning_modules.config import HeadroomInputError, check_compatible, model_config_for, train_config_for
 from lightning_modules.corpus import check_source
@@ -205,7 +211,7 @@ def check_sweep(s: Sweep) -> None:
         except HeadroomInputError as e:
             raise HeadroomInputError(f"pretrained.checkpoint: {e}") from None
         _check_ratios(s, info.layer_heads, "the checkpoint")
-        if s.prune.finetune_steps and s.prune.finetune_lr is None:
+        if any(s.prune.finetune_steps) and s.prune.finetune_lr is None:
             raise HeadroomInputError("prune.finetune_lr: required to fine-tune a pretrained checkpoint (the grid is "
                                      "relative to a learning rate this sweep did not train with)")
         if info.max_positions and s.pretrained.seq_len > info.max_positions:
@@ -213,6 +219,16 @@ def check_sweep(s: Sweep) -> None:
                                      f"maximum {info.max_positions}")
     elif not s.scales:
         raise HeadroomInputError("scales: required (or name a pretrained checkpoint)")
+    if "distill" in s.prune.recovery and not any(s.prune.finetune_steps):
+        raise HeadroomInputError("prune.recovery: distill fine-tunes towards the dense teacher; give a recovery "
+                                 "budget (prune.finetune_steps > 0)")
+    for name in s.controls:
+        arm = ARMS[name]
+        if arm.per_recovery and not set(arm.recoveries) & set(s.prune.recovery):
+            raise HeadroomInputError(f"controls: {name} is matched to a recovery by "
+                                     f"{' or '.join(arm.recoveries)}; add it to prune.recovery")
+        if arm.teacher and not any(s.prune.finetune_steps):
+            raise HeadroomInputError(f"controls: {name} matches a distilled recovery; give prune.finetune_steps > 0")
     for name, sc in (s.scales or {}).items():
         h = s.dense_heads(name)
         try:

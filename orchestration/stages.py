@@ -186,7 +186,9 @@ class Sweeper:
         d.mkdir(parents=True, exist_ok=True)
         return d / "optuna.db"
 
-    def train(self, stage: str, units: list[Unit]) -> None:
+    def train(self, stage: str, units: list[Unit], extra=None) -> None:
+        """Train `units` (those finished already skipped); `extra(unit)` adds to a trial's config (a distilled
+        control's teacher: {"dense": its dense run's checkpoint})."""
         from .trainables import train_trial
 
         todo = self._todo(units)
@@ -199,8 +201,8 @@ class Sweeper:
                 fault = {"step": int(os.environ[FAULT_ENV]),
                          "marker": str(self.where.local_storage / self.base / "fault-fired")}
                 Path(fault["marker"]).parent.mkdir(parents=True, exist_ok=True)
-            self._tune(stage, train_trial, self._grid(todo), self._unit_of, len(todo), {u.scale for u in todo},
-                       _scale_of, fault=fault)
+            self._tune(stage, train_trial, self._grid(todo, extra), self._unit_of, len(todo),
+                       {u.scale for u in todo}, _scale_of, fault=fault)
 
     def prune(self, units: list[Unit], dense_uri) -> list[Unit]:
         from .trainables import prune_trial
@@ -305,9 +307,16 @@ class Sweeper:
         self.tracker.link_dense(plan.dense_links())
         pruned = self.prune(plan.pruned, self._dense_uri)
         self.tracker.link_dense({u.key: u.dense_key for u in pruned})
+        controls = []
         if plan.has_global_controls():
             controls = plan.global_controls(self._kept_heads, pruned)  # the late expansion: the kept heads known
-            self.train("controls", controls)
+        for u in plan.taught:  # distilled from its dense run: that run must have finished
+            if self._dense_uri(u) is None:
+                self.missing.append(f"{u.name}: its dense teacher did not finish")
+            else:
+                controls.append(u)
+        if controls:
+            self.train("controls", controls, lambda u: {"dense": self._dense_uri(u)} if u in plan.taught else {})
             self.tracker.link_dense({u.key: u.dense_key for u in controls})
 
     def _run_pretrained(self, corpus_hash: str) -> None:

@@ -61,6 +61,7 @@ def loss_table(sweep_name: str, runs: list) -> str:
     tags = [(run, read_tags(run.data.tags)) for run in runs]
     ratio_text = BY_NAME["ratio"].to_tag
     pruned_ratios = sorted({ratio_text(v["ratio"]) for _, v in tags if v["arm"] == "pruned"})
+    several_f = len({v["finetune_steps"] for _, v in tags if v["arm"] == "pruned"}) > 1
     for run, v in tags:
         if v["stage"] == "lr_search" or run.info.status != "FINISHED":
             continue
@@ -76,6 +77,10 @@ def loss_table(sweep_name: str, runs: list) -> str:
                 arm += f"@{v['prune_at']:g}"  # pruned at that fraction of training
         elif v["scope"] == "global":
             arm = f"{arm}:{v['method']}/global"
+        if v["finetune_steps"] is not None and (several_f or not arm.startswith("pruned")):
+            arm += f" F{v['finetune_steps']}"  # the recovery budget, when the sweep has several
+        if v["recovery"] == "distill":
+            arm += " kd"
         for r in [ratio_text(v["ratio"])] if arm not in ("dense", "dense_half") else pruned_ratios:  # every ratio
             rows.setdefault((cell_label(v["scale"], v["budget"]), v["family"], r, split), {}).setdefault(
                 arm, []).append(loss)

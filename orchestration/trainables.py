@@ -71,14 +71,15 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
         from .ddp import fit
 
         quiet_frameworks()
-        fit(_ddp_worker, {"unit": unit.to_dict(), "fault": fault}, workers=d["workers"], cpu=d["cpu"],
+        fit(_ddp_worker, {"unit": unit.to_dict(), "fault": fault, "dense": cfg.get("dense")},
+            workers=d["workers"], cpu=d["cpu"],
             gpu=d["gpu"], storage=d["storage"], name=f"{d['prefix']}-ddp-{unit.key}", retries=d["retries"],
             resume_from=cfg.get("resume_from"))
         return
     from .ddp import Session
 
     _setup()
-    _train_unit(unit, cfg.get("resume_from"), fault, Session(train=False))
+    _train_unit(unit, cfg.get("resume_from"), fault, Session(train=False), cfg.get("dense"))
 
 
 def _ddp_worker(config: dict) -> None:
@@ -86,12 +87,28 @@ def _ddp_worker(config: dict) -> None:
     from .ddp import Session
 
     _setup()
-    _train_unit(Unit.from_dict(config["unit"]), None, config["fault"], Session(train=True))
+    _train_unit(Unit.from_dict(config["unit"]), None, config["fault"], Session(train=True), config.get("dense"))
 
 
-def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session) -> None:
+def _teacher_loss(unit: Unit, dense_uri: str | None, work: Path):
+    """A distilled control's training objective: the KL divergence to its dense run's model (the checkpoint at
+    `dense_uri`), as its unit's `distill` says; None for every other unit (the LM loss)."""
+    if unit.distill is None:
+        return None
+    if not dense_uri:
+        raise RuntimeError(f"{unit.name}: trains by distillation, but its dense teacher's checkpoint was not given")
+    from lightning_modules.distill import LogitDistillation
+    from lightning_modules.models import load_model
+
+    model_dir, _, _ = _dense_checkpoint(dense_uri, work)
+    return LogitDistillation(load_model(model_dir), unit.distill)
+
+
+def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session, dense_uri: str | None = None
+                ) -> None:
     """A train unit's work in one process (a trial, or one rank of a data-parallel run): resume, train with a
-    report and checkpoint at every validation, evaluate (rank 0) and report the final checkpoint."""
+    report and checkpoint at every validation, evaluate (rank 0) and report the final checkpoint. A distilled
+    control (scratch_kd) learns from its dense run's model at `dense_uri`."""
     from lightning_modules.models import save_model
     from lightning_modules.train import Snapshots, train_lm
 
@@ -136,7 +153,8 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
 
         distributed = lightning_ddp()
     result = train_lm(unit.model, unit.train, unit.data, ckpt_path=ckpt_path, callbacks=callbacks, progress=False,
-                      final_eval=lead and not is_search, distributed=distributed)
+                      final_eval=lead and not is_search, distributed=distributed,
+                      train_loss_fn=_teacher_loss(unit, dense_uri, work))
     m = result.metrics
     if not lead:  # rank 0 reports the result; every rank reports as often (Ray Train's reports are a barrier)
         session.report({"step": m["steps"]})
@@ -203,9 +221,11 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
         from lightning_modules.early import prune_and_continue
 
         step = snapshot_step(unit.prune_at, unit.train.steps)
+        teacher = load_model(model_dir) if unit.recovery == "distill" else None  # the dense model at T
         pruned, _, m = prune_and_continue(local / SNAPSHOTS_DIR / f"step{step}.ckpt", data, plan,
                                           eval_batches=unit.train.eval_batches,
-                                          calibration_batches=run.calibration_batches, dense_eval=dense_eval)
+                                          calibration_batches=run.calibration_batches, dense_eval=dense_eval,
+                                          recovery=unit.recovery, distill=unit.distill, teacher=teacher)
     else:
         model = load_model(model_dir)
         if torch.cuda.is_available():
@@ -216,7 +236,7 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
         pruned, _, m = run_prune(model, data, plan, eval_batches=unit.train.eval_batches,
                                  calibration_batches=run.calibration_batches, curve=run.curve,
                                  curve_batches=run.curve_batches, latency_repeats=LATENCY_REPEATS,
-                                 dense_eval=dense_eval)
+                                 dense_eval=dense_eval, recovery=unit.recovery, distill=unit.distill)
     m.update(unit=unit.to_dict(), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets, seconds=time.time() - t0)
     out = work / "final"
     write_prune(out, pruned, m, data.tokenizer, data.eval_sets, plan.method,

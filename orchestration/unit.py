@@ -15,7 +15,7 @@ from pydantic import Field
 
 from lightning_modules.arms import ARMS
 from lightning_modules.config import SCALES, DataConfig, ModelConfig, Strict, TrainConfig
-from lightning_modules.prune_plan import DEFAULT_CALIBRATION_BATCHES, PrunePlan
+from lightning_modules.prune_plan import DEFAULT_CALIBRATION_BATCHES, DistillSpec, PrunePlan
 
 from .axes import AXES, tags_of
 from .metrics import WORK_KINDS  # noqa: F401 - where the summaries have found it
@@ -84,7 +84,8 @@ _PLAN_FIELDS = ("step", "finetune_steps", "finetune_lr", "finetune_lr_grid")
 # it); fields added after keys were first written enter only when they differ from their default, so units of
 # sweeps that do not use them keep their keys
 _NOT_HASHED = tuple(a.name for a in AXES if a.key == "derived")
-_HASHED_WHEN_SET = {"probes": None, "snapshots": [], **{a.name: a.default for a in AXES if a.key == "when_set"}}
+_HASHED_WHEN_SET = {"probes": None, "snapshots": [], "distill": None,
+                    **{a.name: a.default for a in AXES if a.key == "when_set"}}
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,11 @@ class Unit:
     budget: int | None = None
     prune_at: float = 1.0  # prune stage: the fraction of T at which the heads are removed (1: the trained model)
     snapshots: tuple[int, ...] = ()  # dense train units: the steps whose checkpoints prune units start from
+    # the recovery budget F of a sweep that lists several (None: one): on prune units and the controls whose
+    # budget follows it (arms.Arm.per_recovery)
+    finetune_steps: int | None = None
+    recovery: str = "lm"  # the recovery objective of a prune unit, or of the pruned arm a control is matched to
+    distill: DistillSpec | None = None  # how a distilled unit learns from its teacher (recovery distill, scratch_kd)
     key: str = ""
 
     @property
@@ -150,6 +156,10 @@ class Unit:
                 parts.append("iter")
             if self.prune_at != 1.0:
                 parts.append(f"at{self.prune_at:g}")
+            if self.finetune_steps is not None:
+                parts.append(f"F{self.finetune_steps}")
+            if self.recovery != "lm":
+                parts.append("kd")
             parts.append(f"s{self.seed}")
         return "-".join(parts)
 
@@ -167,10 +177,17 @@ class Unit:
         if self.arm == "pruned":
             when = "the trained dense model" if self.prune_at == 1.0 else f"the dense run at {self.prune_at:g} of T"
             tail = (f", fine-tuned {self.prune.finetune_steps} steps" if self.prune.finetune_steps else "")
+            if tail and self.recovery == "distill":
+                tail += " by distillation from the dense model"
             return (f"Pruned: {when} ({what}, {heads}) with {self.ratio:.0%} of its heads removed by "
                     f"{self.method} importance ({self.scope.replace('_', ' ')}, "
                     f"{self.schedule.replace('_', '-')}){tail}.")
-        return ARMS[self.arm].description.format(what=what, heads=heads, steps=steps, head_dim=self.model.head_dim)
+        note = ARMS[self.arm].description.format(what=what, heads=heads, steps=steps, head_dim=self.model.head_dim)
+        if ARMS[self.arm].per_recovery and (self.finetune_steps is not None or self.recovery != "lm"):
+            budget = "" if self.finetune_steps is None else f"{self.finetune_steps} "
+            how = " by distillation" if self.recovery == "distill" else ""
+            note = note[:-1] + f"; matched to the pruned arm fine-tuned {budget}steps{how}."
+        return note
 
     def params(self) -> dict[str, str]:
         """MLflow params: the numbers a reader compares runs by (the UI's columns)."""
@@ -188,6 +205,9 @@ class Unit:
                      finetune_lr=r.finetune_lr if r.finetune_lr is not None else "val-grid",
                      finetune_lr_grid=",".join(f"{x:.3g}" for x in r.finetune_lr_grid) or "none",
                      calibration_batches=r.calibration_batches)
+        if self.distill is not None:
+            p.update(recovery=self.recovery if self.prune else "distill", distill_temperature=self.distill.temperature,
+                     distill_lm_weight=self.distill.lm_weight)
         return {k: str(v) for k, v in p.items()}
 
     def to_dict(self) -> dict:
@@ -201,7 +221,8 @@ class Unit:
             "scope": self.scope, "schedule": self.schedule, "plan": dump(self.plan), "dense_key": self.dense_key,
             "calibration_batches": r.calibration_batches, "curve": r.curve, "curve_batches": r.curve_batches,
             "probes": dump(self.probes), "lr_source": self.lr_source, "budget": self.budget,
-            "prune_at": self.prune_at, "snapshots": list(self.snapshots), "key": self.key,
+            "prune_at": self.prune_at, "snapshots": list(self.snapshots), "finetune_steps": self.finetune_steps,
+            "recovery": self.recovery, "distill": dump(self.distill), "key": self.key,
         }
 
     @classmethod
@@ -217,7 +238,8 @@ class Unit:
                    scope=d["scope"], schedule=d["schedule"], prune=prune, dense_key=d["dense_key"],
                    probes=ProbeRun(**d["probes"]) if d.get("probes") else None, lr_source=d["lr_source"],
                    budget=d.get("budget"), prune_at=d.get("prune_at", 1.0), snapshots=tuple(d.get("snapshots", ())),
-                   key=d["key"])
+                   finetune_steps=d.get("finetune_steps"), recovery=d.get("recovery", "lm"),
+                   distill=DistillSpec(**d["distill"]) if d.get("distill") else None, key=d["key"])
 
 
 def _heads(h) -> str:

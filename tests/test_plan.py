@@ -341,7 +341,7 @@ def test_scratch_b_counts_every_candidate_fine_tune():
         sweep = parse_sweep(GOOD.replace("methods: [gradient, random]",
                                          f"methods: [gradient], finetune_steps: 25{extra}").replace(
             "[scratch_e]", "[scratch_b]"))
-        assert len(sweep.prune.finetune_lr_grid) == 3 and recovery_steps(sweep, 1e-3) == 25 * candidates
+        assert len(sweep.prune.finetune_lr_grid) == 3 and recovery_steps(sweep, 1e-3, 25) == 25 * candidates
         b = next(u for u in train_units(sweep, "-") if u.arm == "scratch_b")
         c_dense = train_flops_per_token(model_config_for("xs"), 32)
         c_small = train_flops_per_token(b.model, 32)
