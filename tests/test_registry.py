@@ -147,7 +147,11 @@ def test_the_report_refuses_to_drop_a_run_that_its_grouping_cannot_tell_apart():
 
     a, b = run("xs-T100-a", steps="100"), run("xs-T200-b", steps="200")
     assert {k: sorted(v) for k, v in pruned_groups([a, b]).items()} == {
-        ("xs-T100", "decoder", 0.5, "gradient", "per_layer", "one_shot"): [0],
-        ("xs-T200", "decoder", 0.5, "gradient", "per_layer", "one_shot"): [0]}  # the cell keeps them apart
+        ("xs-T100", "decoder", 0.5, "gradient", "per_layer", "one_shot", 0, "lm"): [0],
+        ("xs-T200", "decoder", 0.5, "gradient", "per_layer", "one_shot", 0, "lm"): [0]}  # the cell keeps them apart
+    # so do the recovery budget and objective (a run from before their tags: F from its params, "lm")
+    c, d = run("xs-F20", finetune_steps="20"), run("xs-F20-kd", finetune_steps="20", recovery="distill")
+    assert sorted(pruned_groups([c, d])) == [("xs", "decoder", 0.5, "gradient", "per_layer", "one_shot", 20, "distill"),
+                                             ("xs", "decoder", 0.5, "gradient", "per_layer", "one_shot", 20, "lm")]
     with pytest.raises(ValueError, match="xs-T100-a and xs-T200-b share family, method and seed 0"):
         by_seed([a, b], ("family", "method"))

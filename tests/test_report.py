@@ -149,12 +149,16 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     out, rep = write_report(uri, "planted", d / "report")
     v = json.loads((out / "verdict.json").read_text())
     assert set(v) == {"sweep", "spec_hash", "comparisons", "prunable", "prune_curves", "diagnostics", "headline",
-                      "learning_rates", "evaluation", "timing", "trend"}
+                      "learning_rates", "evaluation", "timing", "trend", "primary_recovery", "recovery",
+                      "recovery_trend"}
     assert v["timing"] == []  # every prune here is of the trained model
+    # one recovery (F = 10 on the LM loss): the primary one, and no recovery section
+    assert v["primary_recovery"] == {"finetune_steps": 10, "recovery": "lm"} and v["recovery"] == []
     assert v["sweep"] == "planted" and v["spec_hash"] == "aaaa"
     keys = {"scale", "family", "ratio", "heads_dense", "heads_kept", "method", "scope", "schedule", "finetune_steps",
             "control", "eval_set", "primary", "n_seeds", "dense_loss", "pruned_loss", "control_loss", "diff_mean",
-            "ci95", "verdict", "p_value", "p_holm", "ci95_holm", "verdict_raw", "eval_tokens", "window_share"}
+            "ci95", "verdict", "p_value", "p_holm", "ci95_holm", "verdict_raw", "eval_tokens", "window_share",
+            "recovery", "stage"}
     assert all(set(c) == keys for c in v["comparisons"])
     expected = {"scratch_e": "supported", "scratch_b": "inconclusive", "wide": "refuted"}
     for arm, gap in GAP.items():

@@ -57,18 +57,19 @@ def by_seed(runs: list[Run], axes: tuple[str, ...]) -> dict:
     return groups
 
 
-PRUNED_AXES = ("scale", "family", "ratio", "method", "scope", "schedule")
+PRUNED_AXES = ("scale", "family", "ratio", "method", "scope", "schedule", "finetune_steps", "recovery")
 
 
 def pruned_groups(runs: list[Run]) -> dict:
-    """(scale, family, ratio, method, scope, schedule) -> {seed: pruned run}, of the trained models' prunes
-    (prune_at 1; the timing axis has its own rows)."""
+    """(scale, family, ratio, method, scope, schedule, F, recovery) -> {seed: pruned run}, of the trained models'
+    prunes (prune_at 1; the timing axis has its own rows)."""
     return by_seed([r for r in runs if r.arm == "pruned" and r.prune_at == 1.0], PRUNED_AXES)
 
 
 def control_runs(runs: list[Run]) -> dict:
-    """(arm, scale, family, ratio, method, scope, schedule) -> {seed: control run} (method, scope and schedule
-    "none"/"per_layer" except a global prune's own controls)."""
+    """(arm, scale, family, ratio, method, scope, schedule, F, recovery) -> {seed: control run} (method, scope and
+    schedule "none"/"per_layer" except a global prune's own controls; F None and recovery "lm" except a control
+    whose budget follows the recovery)."""
     controls = control_names()
     return by_seed([r for r in runs if r.arm in controls], ("arm", *PRUNED_AXES))
 
@@ -95,29 +96,66 @@ def _window_diffs(pw: list[dict | None], cw: list[dict | None]) -> tuple[list[li
 
 
 def controls_of(controls: dict, arm: str, key: tuple) -> dict:
-    scale, family, ratio, method, scope, schedule = key
-    if scope == "per_layer" or not ARMS[arm].for_global:  # a uniform shape (wide) stands for every scope
-        return controls.get((arm, scale, family, ratio, "none", "per_layer", "none"), {})
-    return controls.get((arm, scale, family, ratio, method, scope, schedule), {})  # a global prune's own
+    """The control runs `arm` pairs with the pruned group `key` (PRUNED_AXES), by seed."""
+    scale, family, ratio, method, scope, schedule, ft, rec = key
+    a = ARMS[arm]
+    if scope == "per_layer" or not a.for_global:  # a uniform shape (wide) stands for every scope
+        where = (arm, scale, family, ratio, "none", "per_layer", "none")
+    else:
+        where = (arm, scale, family, ratio, method, scope, schedule)  # a global prune's own
+    if not a.per_recovery:  # its budget is the dense run's: it stands for every recovery
+        return controls.get((*where, None, "lm"), {})
+    if rec not in a.recoveries:
+        return {}
+    # matched to this F and objective (F None: the sweep had one F, the control stands for it)
+    return controls.get((*where, ft, rec)) or controls.get((*where, None, rec), {})
+
+
+def primary_recovery(runs: list[Run]) -> tuple[int, str]:
+    """The primary comparison's recovery, declared with PRIMARY: the strongest the sweep ran — by distillation
+    when it distilled, else by the LM loss — at the largest recovery budget F of that objective. (0, "lm") when no
+    pruned run finished. The rest of a recovery sweep is its own section (report/recovery.py)."""
+    pruned = [r for r in runs if r.arm == "pruned"]
+    kind = "distill" if any(r.recovery == "distill" for r in pruned) else "lm"
+    return max((r.finetune_steps or 0 for r in pruned if r.recovery == kind), default=0), kind
+
+
+def at_recovery(runs: list[Run], recovery: tuple[int, str]) -> list[Run]:
+    """The runs of one recovery (F, objective): its pruned runs, the controls matched to it, and every other run
+    (dense, the controls that stand for every recovery). A sweep with one recovery keeps all of its runs."""
+    f, kind = recovery
+    out = []
+    for r in runs:
+        if r.arm == "pruned" and (r.finetune_steps or 0, r.recovery) != (f, kind):
+            continue
+        if r.arm in ARMS and ARMS[r.arm].per_recovery and (
+                r.recovery != kind or (r.finetune_steps is not None and r.finetune_steps != f)):
+            continue
+        out.append(r)
+    return out
 
 
 def comparisons(runs: list[Run], windows: Windows | None = None) -> list[Comparison]:
     """Every pruned group against every control of its head count, paired by seed, on every eval set, before
     (finetune_steps 0) and after recovery fine-tune; then Holm's adjustment over each (scale, family)'s primary
-    comparisons, whose verdicts become the adjusted ones."""
+    comparisons, whose verdicts become the adjusted ones. Primary: the PRIMARY method, scope, schedule and eval
+    set, after the primary recovery (`primary_recovery`); the masked model before fine-tune is compared in that
+    recovery's groups only (it is the same model in every other)."""
     windows = windows or Windows(None)
     controls = control_runs(runs)
     sets = eval_sets(runs)
+    main = primary_recovery(runs)
     out = []
     for key, by_seed in by_scale(pruned_groups(runs)):
-        scale, family, ratio, method, scope, schedule = key
+        scale, family, ratio, method, scope, schedule, _, rec = key
         first = by_seed[min(by_seed)]
-        ft = first.finetune_steps
+        ft = first.finetune_steps or 0
+        is_main = (ft, rec) == main
         for arm in control_names():
             ctrl = controls_of(controls, arm, key)
             seeds = sorted(set(by_seed) & set(ctrl))
             for ev in sets if seeds else []:
-                for stage, steps in [("final", ft)] if ft == 0 else [("pre_ft", 0), ("final", ft)]:
+                for stage, steps in [("final", ft)] if ft == 0 or not is_main else [("pre_ft", 0), ("final", ft)]:
                     loss = M.loss(stage, ev)
                     paired_seeds = [s for s in seeds if loss in by_seed[s].metrics and M.loss(M.FINAL, ev) in
                                     ctrl[s].metrics and M.loss(M.DENSE, ev) in by_seed[s].metrics]
@@ -136,13 +174,13 @@ def comparisons(runs: list[Run], windows: Windows | None = None) -> list[Compari
                         finetune_steps=steps, control=arm, eval_set=ev,
                         primary=(method, scope, schedule, ev) == (PRIMARY["method"], PRIMARY["scope"],
                                                                   PRIMARY["schedule"], PRIMARY["eval_set"])
-                        and steps == ft,
+                        and steps == ft and is_main,
                         n_seeds=len(paired_seeds),
                         dense_loss=mean([by_seed[s].metrics[M.loss(M.DENSE, ev)] for s in paired_seeds]),
                         pruned_loss=mean(pruned), control_loss=mean(control), diff_mean=res.mean,
                         ci95=list(res.ci95) if res.ci95 else None, verdict=verdict, p_value=res.p, p_holm=None,
                         ci95_holm=None, verdict_raw=verdict, eval_tokens=int(tokens) if tokens is not None else None,
-                        window_share=res.window_share))
+                        window_share=res.window_share, recovery=rec, stage=stage))
     _holm_adjust(out)
     return out
 
@@ -183,7 +221,7 @@ def prunable(runs: list[Run], tolerance: float) -> list[Prunable]:
     within tolerance of the same dense models' mean loss."""
     out = []
     sets = eval_sets(runs)
-    for (scale, family, ratio, method, scope, schedule), by_seed in by_scale(pruned_groups(runs)):
+    for (scale, family, ratio, method, scope, schedule, *_), by_seed in by_scale(pruned_groups(runs)):
         for ev in sets:
             rs = [r for r in by_seed.values() if M.loss(M.PRE_FT, ev) in r.metrics and M.loss(M.DENSE, ev) in r.metrics]
             if not rs:
@@ -213,7 +251,7 @@ def prune_curves(runs: list[Run]) -> list[CurvePoint]:
     after recovery fine-tune. Mean and t-interval over seeds."""
     out = []
     per = defaultdict(lambda: defaultdict(dict))  # (scale, family, method, scope, schedule) -> seed -> ratio -> run
-    for (scale, family, ratio, method, scope, schedule), by_seed in pruned_groups(runs).items():
+    for (scale, family, ratio, method, scope, schedule, *_), by_seed in pruned_groups(runs).items():
         for seed, r in by_seed.items():
             per[(scale, family, method, scope, schedule)][seed][ratio] = r
     for key, seeds in by_scale(per):
@@ -251,7 +289,7 @@ def best_methods(runs: list[Run]) -> dict:
     """(scale, family, ratio, scope, schedule) -> (method, mean val loss after fine-tune): the best method is
     chosen on the validation set, never on an eval set."""
     by = defaultdict(dict)
-    for (scale, family, ratio, method, scope, schedule), by_seed in pruned_groups(runs).items():
+    for (scale, family, ratio, method, scope, schedule, *_), by_seed in pruned_groups(runs).items():
         vals = [r.metrics[M.loss(M.FINAL, "val")] for r in by_seed.values() if M.loss(M.FINAL, "val") in r.metrics]
         if vals:
             by[(scale, family, ratio, scope, schedule)][method] = mean(vals)

@@ -8,9 +8,12 @@ from pathlib import Path
 from lightning_modules.arms import label as arm_label
 
 from . import plots
+from .analysis import PRIMARY
 from .render import Doc, fmt_ci, fmt_ratio
 from .verdict import Report
 
+PRIMARY_WORDS = f"{PRIMARY['method']}, {PRIMARY['scope'].replace('_', ' ')}, {PRIMARY['schedule'].replace('_', ' ')}, " \
+    f"eval set `{PRIMARY['eval_set']}`"
 TIMING_WORDS = {"matches": "pruning early ends as good as pruning the trained model (within the margin)",
                 "worse": "pruning early ends worse", "better": "pruning early ends better",
                 "inconclusive": "inconclusive", "insufficient_seeds": "one seed: not tested", "reference": "—"}
@@ -121,3 +124,37 @@ def budget_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
     for t in tpp:
         if t.note:
             doc.p(f"{t.family} r{t.ratio:g} vs {arm_label(t.control)}: {t.note}.")
+
+
+def recovery_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
+    doc.h(2, "6c. Recovery budget and objective")
+    f, kind = rep.primary_recovery
+    how = "by distillation from the dense model" if kind == "distill" else "on the LM loss"
+    if not rep.recovery:
+        doc.p(f"One recovery: {f} fine-tune steps {how} (the primary comparison's). A sweep with `prune."
+              "finetune_steps: [...]` or `prune.recovery: [lm, distill]` gives the pruned arm each recovery and "
+              "each its own budget-matched Scratch-B.")
+        return
+    doc.p(f"The primary gap (control − pruned, {PRIMARY_WORDS}) after each recovery the sweep ran: F fine-tune "
+          "steps on the LM loss (lm) or on the KL divergence to the dense teacher's logits (distill). Scratch-B "
+          "and Scratch-KD are matched to each F and objective (the teacher's forward passes counted); Scratch-E and "
+          f"wide stand for all. Sections 1–6b are at the primary recovery, the strongest one the sweep ran: {f} "
+          f"steps {how}. A budget's gap has a sign (+: pruning better, −: the control better) when its interval "
+          "at the Bonferroni level 1 − 0.05/k over the k budgets excludes 0; a change of sign is stated only "
+          "between two budgets whose signs are both established and opposite.")
+    for scale, family in sorted({(c.scale, c.family) for c in rep.recovery}):
+        rows = [c for c in rep.recovery if (c.scale, c.family) == (scale, family)]
+        path = plots_dir / f"recovery_{scale}_{family}.png"
+        plots.recovery_plot(rows, path, f"{scale} {family}: primary gap against the recovery budget")
+        doc.img(path, f"{scale} {family}: control − pruned after F recovery steps (95% interval over seeds)")
+    doc.table(["scale", "family", "ratio", "control", "objective", "F", "n", "pruned", "control", "diff", "95% CI",
+               "verdict (raw)"],
+              [[c.scale, c.family, fmt_ratio(c.ratio), arm_label(c.control), c.recovery, str(c.finetune_steps),
+                str(c.n_seeds), f"{c.pruned_loss:.4f}", f"{c.control_loss:.4f}", f"{c.diff_mean:+.4f}",
+                fmt_ci(c.ci95), c.verdict_raw] for c in rep.recovery])
+    if rep.recovery_trends:
+        doc.table(["scale", "family", "ratio", "control", "objective", "F", "sign per F", "change of sign"],
+                  [[t.scale, t.family, fmt_ratio(t.ratio), arm_label(t.control), t.recovery,
+                    ", ".join(map(str, t.budgets)), " ".join("+" if x > 0 else "−" if x < 0 else "0" for x in t.signs),
+                    f"between F={t.change[0]} and F={t.change[1]}" if t.change else "none established"]
+                   for t in rep.recovery_trends])

@@ -47,7 +47,7 @@ def render(rep: Report, out: Path, scores: dict | None = None) -> Doc:
               f"are absent. Missing: " + ", ".join(f"`{m}`" for m in d.missing[:40])
               + (" …" if len(d.missing) > 40 else ""))
     for section in (_headline, _diagnostics, _comparisons, _replication, _curves, _across_scales, _timing, _budget,
-                    _probes, _learning_rates, _evaluation, _cost):
+                    _recovery, _probes, _learning_rates, _evaluation, _cost):
         section(doc, rep, pg)
     return doc
 
@@ -203,6 +203,11 @@ def _timing(doc: Doc, rep: Report, pg: _Page) -> None:
 def _budget(doc: Doc, rep: Report, pg: _Page) -> None:
     """Section 6b. the training budget."""
     axes.budget_section(doc, rep, pg.plots)
+
+
+def _recovery(doc: Doc, rep: Report, pg: _Page) -> None:
+    """Section 6c. the recovery budget and objective."""
+    axes.recovery_section(doc, rep, pg.plots)
 
 
 def _probes(doc: Doc, rep: Report, pg: _Page) -> None:

@@ -288,3 +288,33 @@ def budget_map(trends: list, path: str | Path) -> None:
         ax.grid(alpha=0.3)
         fig.colorbar(sc, ax=ax, label="control − pruned (nats/token)")
     _save(fig, path)
+
+
+def recovery_plot(rows: list, path: str | Path, title: str) -> None:
+    """The primary gap (control − pruned) against the recovery budget F, one line per (control, objective), error
+    bars = 95% interval; 0 marked (above it pruning wins)."""
+    plt = _plt()
+    from lightning_modules.arms import label as arm_label
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    cmap = plt.get_cmap("tab10")
+    keys = sorted({(c.ratio, c.control, c.recovery) for c in rows})
+    for i, (ratio, control, recovery) in enumerate(keys):
+        pts = sorted((c for c in rows if (c.ratio, c.control, c.recovery) == (ratio, control, recovery)),
+                     key=lambda c: c.finetune_steps)
+        x = [c.finetune_steps for c in pts]
+        y = [c.diff_mean for c in pts]
+        err = [[c.diff_mean - c.ci95[0] if c.ci95 else 0 for c in pts], [c.ci95[1] - c.diff_mean if c.ci95 else 0
+                                                                           for c in pts]]
+        ax.errorbar(x, y, yerr=err, marker="o" if recovery == "lm" else "s", ls="-" if recovery == "lm" else "--",
+                    color=cmap(i % 10), capsize=3, label=f"{arm_label(control)} r{ratio:g}, {recovery}")
+    ax.axhline(0, color="black", lw=0.8)
+    positive = sorted({c.finetune_steps for c in rows if c.finetune_steps > 0})
+    if positive and max(positive) / positive[0] >= 10:
+        ax.set_xscale("symlog", linthresh=positive[0])
+    ax.set_xlabel("recovery fine-tune steps F")
+    ax.set_ylabel("control − pruned (nats/token; > 0: pruning wins)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    _save(fig, path)

@@ -43,6 +43,10 @@ class Run:
     ratio: float | None = field(init=False)
     budget: int | None = field(init=False)  # the dense budget T, when the scale lists several
     prune_at: float = field(init=False)  # prune runs: the fraction of T at which heads went (1: the trained model)
+    # prune runs: the recovery budget F (from the params for runs that predate the tag); a control whose budget
+    # follows the recovery: the F it is matched to when the sweep lists several (None: it stands for every F)
+    finetune_steps: int | None = field(init=False)
+    recovery: str = field(init=False)  # lm | distill: a prune run's recovery objective, or a matched control's
 
     def tag(self, name: str) -> str:
         return self.tags.get(f"headroom.{name}", "none")
@@ -53,10 +57,8 @@ class Run:
                 setattr(self, name, value)
         if self.budget is not None:  # each budget of a scale is a cell of its own: "s-T1500"
             self.scale = cell_label(self.scale, self.budget)
-
-    @property
-    def finetune_steps(self) -> int:
-        return int(self.params.get("finetune_steps", 0))
+        if self.finetune_steps is None and self.arm == "pruned":
+            self.finetune_steps = int(self.params.get("finetune_steps", 0))
 
 
 @dataclass

@@ -38,6 +38,8 @@ class Comparison:
     verdict_raw: str
     eval_tokens: int | None
     window_share: float | None  # of the variance, from the eval windows; None without per-window losses
+    recovery: str = "lm"  # the recovery objective of the pruned group (lm | distill)
+    stage: str = "final"  # pre_ft: the masked model before fine-tune; final: after the recovery (F steps)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -229,3 +231,24 @@ class Redundancy:
     diff_mean: float
     ci95: list[float] | None
     verdict: str
+
+
+@dataclass
+class RecoveryTrend:
+    """The recovery section: one (cell, family, ratio, control, objective)'s primary gap at each recovery budget F
+    (increasing), each budget's sign at the Bonferroni level (+1: pruning better, −1: the control better, 0: not
+    established) and the first pair of budgets between which the sign changes (None: no change established)."""
+
+    scale: str
+    family: str
+    ratio: float
+    control: str
+    recovery: str
+    budgets: list[int]
+    diffs: list[float]
+    signs: list[int]
+    level: float
+    change: list[int] | None
+
+    def to_json(self) -> dict:
+        return asdict(self)

@@ -132,7 +132,7 @@ def gap_points(runs: list[Run], exclude: frozenset = frozenset()) -> dict:
     controls = control_runs(runs)
     out = defaultdict(list)
     for gkey, by_seed in by_scale(pruned_groups(runs)):
-        scale, family, ratio, method, scope, schedule = gkey
+        scale, family, ratio, method, scope, schedule, *_ = gkey
         if (method, scope, schedule) != (PRIMARY["method"], PRIMARY["scope"], PRIMARY["schedule"]):
             continue
         if (scale, family) in exclude:

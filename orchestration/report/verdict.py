@@ -13,11 +13,34 @@ from lightning_modules.prune_plan import DEFAULT_TOLERANCE
 
 from ..plan import scale_rank
 from ..spec import TrustSpec
-from .analysis import PRIMARY, best_methods, comparisons, is_primary, prunable, prunable_fractions, prune_curves
+from .analysis import (
+    PRIMARY,
+    at_recovery,
+    best_methods,
+    comparisons,
+    is_primary,
+    primary_recovery,
+    prunable,
+    prunable_fractions,
+    prune_curves,
+)
 from .diagnostics import Diagnostic, diagnose, untrustworthy, unverified
 from .read import SweepRuns, Windows
 from .render import fmt_ci, fmt_p
-from .rows import Comparison, Cost, CurvePoint, EvalInfo, LearningRate, ProbeSlack, Prunable, Redundancy, Timing, Trend
+from .recovery import recovery_rows, sign_changes
+from .rows import (
+    Comparison,
+    Cost,
+    CurvePoint,
+    EvalInfo,
+    LearningRate,
+    ProbeSlack,
+    Prunable,
+    RecoveryTrend,
+    Redundancy,
+    Timing,
+    Trend,
+)
 from .summaries import costs, evaluation_info, learning_rates, probe_slack, probes, redundancy
 from .trends import timing, trends
 
@@ -44,6 +67,11 @@ class Report:
     trends: list[Trend] = field(default_factory=list)
     slack: list[ProbeSlack] = field(default_factory=list)
     redundancy: list[Redundancy] = field(default_factory=list)
+    # a sweep with several recoveries (F values, objectives): the primary gap at each, and its sign along F; the
+    # other tables are at the primary recovery (analysis.primary_recovery)
+    recovery: list[Comparison] = field(default_factory=list)
+    recovery_trends: list[RecoveryTrend] = field(default_factory=list)
+    primary_recovery: tuple[int, str] = (0, "lm")
 
     def verdict_json(self) -> dict:
         return {"sweep": self.data.sweep, "spec_hash": self.data.spec_hash,
@@ -58,7 +86,11 @@ class Report:
                 "learning_rates": [x.to_json() for x in self.learning_rates],
                 "evaluation": [e.to_json() for e in self.evaluation],
                 "timing": [t.to_json() for t in self.timing],
-                "trend": [t.to_json() for t in self.trends]}
+                "trend": [t.to_json() for t in self.trends],
+                "primary_recovery": {"finetune_steps": self.primary_recovery[0],
+                                     "recovery": self.primary_recovery[1]},
+                "recovery": [c.to_json() for c in self.recovery],
+                "recovery_trend": [t.to_json() for t in self.recovery_trends]}
 
     def primary(self) -> list[Comparison]:
         return [c for c in self.comparisons if c.primary]
@@ -96,10 +128,13 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
     """Every table of the report from the sweep's runs. Raises HeadroomInputError when no pruned run finished."""
     tol = data.spec.prune.tolerance if data.spec is not None else DEFAULT_TOLERANCE
     trust = data.spec.trust if data.spec is not None else TrustSpec()
-    runs = data.runs
-    if not any(r.arm == "pruned" for r in runs):
+    every = data.runs
+    if not any(r.arm == "pruned" for r in every):
         raise HeadroomInputError(f"sweep {data.sweep!r} (spec {data.spec_hash}) has no finished pruned run: "
                                  "nothing to compare yet")
+    main = primary_recovery(every)
+    runs = at_recovery(every, main)  # every table but the recovery section's: the primary recovery's runs
+    rec_rows = recovery_rows(every, windows)
     comps = comparisons(runs, windows)
     curves = prune_curves(runs)
     h1 = prunable(runs, tol)
@@ -110,10 +145,11 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
     shaky = frozenset(k for k in scale_fams if unverified(diags, *k))
     probe_series = probes(data)
     return Report(data=data, tolerance=tol, comparisons=comps, prunable=h1, curves=curves,
-                  fractions=prunable_fractions(curves, tol), best=best_methods(runs), costs=costs(runs),
+                  fractions=prunable_fractions(curves, tol), best=best_methods(runs), costs=costs(every),
                   probes=probe_series, slack=probe_slack(probe_series), redundancy=redundancy(probe_series),
-                  diagnostics=diags, learning_rates=learning_rates(runs),
-                  evaluation=evaluation_info(runs), timing=timing(runs), trends=trends(runs, failed, shaky))
+                  diagnostics=diags, learning_rates=learning_rates(every),
+                  evaluation=evaluation_info(runs), timing=timing(runs), trends=trends(runs, failed, shaky),
+                  recovery=rec_rows, recovery_trends=sign_changes(rec_rows), primary_recovery=main)
 
 
 def headline_metrics(rep: Report) -> dict[str, float]:
