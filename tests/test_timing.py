@@ -26,6 +26,14 @@ def test_prune_timing_decides_worse_before_matches():
     assert rows[0.25].margin == pytest.approx(0.15)  # half of |Scratch-E − pruned| = 0.3
     assert -0.15 < rows[0.25].vs_late_ci95[0] and rows[0.25].vs_late_ci95[1] < 0.15
     assert rows[0.25].vs_late_ci95[0] > 0 and rows[0.25].vs_late == "worse"
+    # Behnke & Heafield's comparison, by hand: Scratch-E − pruned at p = 0.25 is −0.33, −0.34, −0.35 (scipy's
+    # t-interval over the three seeds): the structure trained from scratch is better, "refuted"
+    from scipy import stats
+
+    diffs = [-0.33, -0.34, -0.35]
+    lo, hi = stats.t.interval(0.95, 2, loc=-0.34, scale=stats.sem(diffs))
+    assert rows[0.25].vs_scratch_e_mean == pytest.approx(-0.34)
+    assert rows[0.25].vs_scratch_e_ci95 == pytest.approx([lo, hi]) and rows[0.25].vs_scratch_e == "refuted"
 
 
 def test_prune_timing_false_positive_rate_and_power():

@@ -44,10 +44,14 @@ def timing_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
             plots.timing_plot(mine, path, f"{scale} {family}: {method} pruning at p of training")
             doc.img(path, f"{scale} {family}, {method}: final loss against when the heads were removed")
     doc.table(["scale", "family", "ratio", "method", "p", "n", "final loss", "95% CI", "p − (p=1)", "95% CI",
-               "margin", "pruning early vs late"],
+               "margin", "pruning early vs late", "Scratch-E − pruned", "95% CI", "vs Scratch-E"],
               [[t.scale, t.family, fmt_ratio(t.ratio), t.method, f"{t.prune_at:g}", str(t.n_seeds),
                 f"{t.loss_mean:.4f}", fmt_ci(t.loss_ci95), _num(t.vs_late_mean, "{:+.4f}"), fmt_ci(t.vs_late_ci95),
-                _num(t.margin, "{:.4f}"), TIMING_WORDS[t.vs_late]] for t in rep.timing])
+                _num(t.margin, "{:.4f}"), TIMING_WORDS[t.vs_late], _num(t.vs_scratch_e_mean, "{:+.4f}"),
+                fmt_ci(t.vs_scratch_e_ci95), t.vs_scratch_e.replace("_", " ")] for t in rep.timing])
+    doc.p("Scratch-E − pruned: the heads removed at p against the same structure trained from scratch for T steps "
+          "(Behnke & Heafield 2020's lottery question), paired by seed; supported (pruning at p better) or refuted "
+          "when the 95% interval excludes 0, unadjusted for the number of rows.")
 
 
 def _crossovers(t) -> str:

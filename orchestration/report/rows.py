@@ -152,6 +152,11 @@ class Timing:
     dense_loss: float | None  # the reference lines of the plot: the dense models and Scratch-E at this ratio
     scratch_e_loss: float | None
     margin: float | None = None  # equivalence margin of "matches": half the cell's |Scratch-E gap| (None: no Scratch-E)
+    # Behnke & Heafield's question: Scratch-E − loss(prune_at), paired by seed (positive: the heads removed at p
+    # beat the same structure trained from scratch), its 95% t-interval (unadjusted) and verdict word
+    vs_scratch_e_mean: float | None = None
+    vs_scratch_e_ci95: list[float] | None = None
+    vs_scratch_e: str = "insufficient_seeds"
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -43,7 +43,7 @@ from ..plan import scale_rank, split_label
 from .analysis import PRIMARY, by_scale, control_runs, controls_of, mean, pruned_groups
 from .read import Run
 from .rows import Timing, Trend, TrendPoint
-from .stats import t_interval
+from .stats import t_interval, verdict_of
 
 AXES = ("tokens_per_param", "params")
 MIN_SCALES_ACROSS = 3  # an across-scale slope needs three scales: two differ in more than size
@@ -103,11 +103,15 @@ def timing(runs: list[Run]) -> list[Timing]:
             diffs = [losses[s] - late[s] for s in common]
             d_ci = t_interval(diffs) if p != 1.0 else None
             word = "reference" if p == 1.0 else ("insufficient_seeds" if not common else _timing_word(d_ci, margin))
+            with_se = sorted(set(losses) & set(se))
+            se_diffs = [se[s] - losses[s] for s in with_se]
+            se_ci = t_interval(se_diffs) if se_diffs else None
             out.append(Timing(scale, family, ratio, method, p, ev, len(vals), mean(vals), list(ci) if ci else None,
                               mean(diffs) if diffs and p != 1.0 else None, list(d_ci) if d_ci else None, word,
                               mean(dense[(scale, family)]) if dense[(scale, family)] else None,
                               mean(scratch[(scale, family, ratio)]) if scratch[(scale, family, ratio)] else None,
-                              margin))
+                              margin, mean(se_diffs) if se_diffs else None, list(se_ci) if se_ci else None,
+                              verdict_of(se_ci)))
     return out
 
 
