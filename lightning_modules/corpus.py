@@ -197,12 +197,34 @@ def glob_files(pattern: str) -> list[Path]:
     return sorted(Path(p) for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
 
 
+# A file is text when its first TEXT_SAMPLE bytes hold no NUL byte and at most NOT_TEXT_FRACTION of them fail to
+# decode as UTF-8 (Latin-1 prose has a few per cent of such bytes; executables, archives and images hold NULs).
+TEXT_SAMPLE = 1 << 16
+NOT_TEXT_FRACTION = 0.3
+
+
+def not_text(path: Path) -> str | None:
+    """Why the file is not text (None when it is): a NUL byte, or mostly bytes that are not UTF-8."""
+    with open(path, "rb") as f:
+        block = f.read(TEXT_SAMPLE)
+    if b"\0" in block:
+        return "holds NUL bytes"
+    bad = block.decode("utf-8", errors="replace").count("\ufffd")
+    if block and bad > NOT_TEXT_FRACTION * len(block):
+        return f"is mostly not UTF-8 text ({bad} of its first {len(block)} bytes do not decode)"
+    return None
+
+
 def check_path_source(pattern: str, what: str = "data") -> list[Path]:
     files = glob_files(pattern)
     if not files:
         raise HeadroomInputError(f"{what}: no files match {pattern!r}")
     if all(f.stat().st_size == 0 for f in files):
         raise HeadroomInputError(f"{what}: corpus is empty (all {len(files)} files matching {pattern!r} are empty)")
+    for f in files:
+        why = not_text(f)
+        if why:
+            raise HeadroomInputError(f"{what}: {f} {why}; a path: source must match text files only")
     return files
 
 

@@ -19,6 +19,10 @@ def _bad_inputs(tmp):
     (tmp / "empty").mkdir()
     for i in range(3):
         (tmp / "empty" / f"e{i}.txt").write_text("")
+    (tmp / "binary").mkdir()
+    for i in range(3):
+        (tmp / "binary" / f"b{i}.txt").write_text("text\n" * 50)
+    (tmp / "binary" / "b1.txt").write_bytes(bytes(range(256)) * 40)  # NUL bytes among the text files
     (tmp / "busy").mkdir()
     (tmp / "busy" / "file").write_text("x")
     return {
@@ -28,6 +32,7 @@ def _bad_inputs(tmp):
         "seq len beyond max_seq_len": ["--seq-len", "1000"],
         "missing data path": ["--data", f"path:{tmp}/nowhere/*.txt"],
         "empty corpus": ["--data", f"path:{tmp}/empty/*.txt"],
+        "binary file in the corpus": ["--data", f"path:{tmp}/binary/*.txt"],
         "unknown data source": ["--data", "ftp://example"],
         "missing hf directory": ["--data", f"hf:{tmp}/no-dataset"],
         "missing tokenizer directory": ["--tokenizer", f"pretrained:{tmp}/no-tokenizer"],

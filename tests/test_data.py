@@ -83,6 +83,10 @@ def test_few_files_are_cut_into_blocks(tmp_path):
 @pytest.mark.parametrize("setup,match", [
     (lambda d: None, "no files match"),
     (lambda d: [(d / f"e{i}.txt").write_text("") for i in range(3)], "empty"),
+    (lambda d: [(d / "a.txt").write_text("text\n" * 9), (d / "b.txt").write_bytes(b"ELF\0\1" * 99)],
+     r"b\.txt holds NUL bytes"),
+    (lambda d: [(d / "a.txt").write_text("text\n" * 9), (d / "c.txt").write_bytes(bytes(range(128, 256)) * 9)],
+     r"c\.txt is mostly not UTF-8 text \(1152 of its first 1152 bytes"),
 ])
 def test_path_source_bad_input(tmp_path, setup, match):
     setup(tmp_path)
@@ -91,6 +95,13 @@ def test_path_source_bad_input(tmp_path, setup, match):
         check_source(cfg)
     with pytest.raises(HeadroomInputError, match=match):
         load_corpus(cfg)
+
+
+def test_text_that_is_not_utf8_everywhere_is_still_text(tmp_path):
+    """Latin-1 prose (a few bytes in a hundred that are not UTF-8) and UTF-8 with every script stay text."""
+    (tmp_path / "latin1.txt").write_bytes(("caf\u00e9 na\u00efve r\u00e9sum\u00e9 " * 40).encode("latin-1"))
+    (tmp_path / "utf8.txt").write_text("\u65e5\u672c\u8a9e \u0420\u0443\u0441 \U0001F600 " * 40)
+    assert check_source(DataConfig(source=f"path:{tmp_path}/*.txt")) is None  # refused files raise
 
 
 def test_unknown_source_string():

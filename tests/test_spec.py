@@ -33,6 +33,8 @@ BAD = [
     ("unknown-method", GOOD.replace("[gradient, random]", "[gradient, magic]"), "prune.methods[1]: unknown method"),
     ("ratio-empties-layer", GOOD.replace("ratios: [0.5]", "ratios: [0.95]"), "prune.ratios[0]"),
     ("missing-data-path", GOOD.replace("source: stdlib", "source: 'path:/nonexistent/dir/*.txt'"), "data.source"),
+    # executables are not text: refused (naming the first), never decoded with replacement characters
+    ("binary-data-path", GOOD.replace("source: stdlib", "source: 'path:/usr/bin/l*'"), "holds NUL bytes"),
     ("duplicate-seeds", GOOD.replace("seeds: [0, 1]", "seeds: [0, 0]"), "seeds: duplicate value 0"),
     ("unknown-scale", GOOD.replace("  xs: {", "  xxl: {"), "scales: unknown scale 'xxl'"),
     ("negative-steps", GOOD.replace("steps: 20", "steps: -5"), "scales.xs.steps"),
