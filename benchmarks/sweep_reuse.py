@@ -109,7 +109,7 @@ def main() -> int:
         # the naive grid, in the same Ray session, with the same units
         from ray import tune
 
-        from lightning_modules.tokens import data_identity
+        from lightning_modules.prepared import data_identity
 
         ident = data_identity(sweep.data)
         dense_units = [u for u in train_units(sweep, ident.data_hash, None, ident.vocab_size) if u.arm == "dense"]

@@ -17,7 +17,6 @@ is scored on the same tokens.
 from __future__ import annotations
 
 import copy
-import os
 
 import numpy as np
 import pytorch_lightning as pl
@@ -25,18 +24,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .config import EVAL_CAP_TOKENS, DataConfig, HeadroomInputError, TrainConfig
-from .corpus import EVAL_SETS, Corpus, load_corpus
-from .tokens import (
-    MQAR_PAIRS,
-    MQAR_STREAMS,
-    ByteTokenizer,
-    cache_dir,
-    data_hash,
-    encode_splits,
-    make_tokenizer,
-    mqar_hash,
-    unigram_entropy_of,
-)
+from .corpus import EVAL_SETS
+from .prepared import Prepared, open_prepared, prepare
+from .tokens import MQAR_PAIRS, MQAR_STREAMS, ByteTokenizer, mqar_hash, unigram_entropy_of
 
 EVAL_MASK_SEED = 1_000_003  # one masking of each eval window for all runs
 _CLEAN_STARTS: dict = {}  # (data hash, split, seq_len) -> clean window starts, per process
@@ -144,55 +134,6 @@ class RankShard(Dataset):
         return self.dataset[step * self.per_rank * self.world + self.rank * self.per_rank + k]
 
 
-# ------------------------------------------------------------------------------------- decontamination
-
-_HASH_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd, so invertible modulo 2^64
-_HASH_CHUNK = 1 << 24  # tokens of the training stream hashed at a time (bounded memory on large corpora)
-
-
-def window_hashes(stream: np.ndarray, width: int) -> np.ndarray:
-    """Polynomial hashes (mod 2^64) of every window of `width` tokens of `stream`, at every offset:
-    h(i) = Σ_k (s[i+k] + 1)·B^(width−1−k). Vectorised through prefix sums of s[j]·B^(−j): the window sum is a
-    difference of two prefix sums, scaled back by B^(i+width−1)."""
-    n = len(stream)
-    if n < width:
-        return np.zeros(0, dtype=np.uint64)
-    s = stream.astype(np.uint64) + np.uint64(1)
-    inv = np.uint64(pow(int(_HASH_BASE), -1, 1 << 64))
-    with np.errstate(over="ignore"):
-        inv_pow = np.full(n, inv, dtype=np.uint64)
-        inv_pow[0] = 1
-        inv_pow = np.cumprod(inv_pow, dtype=np.uint64)
-        prefix = np.zeros(n + 1, dtype=np.uint64)
-        np.cumsum(s * inv_pow, dtype=np.uint64, out=prefix[1:])
-        pow_ = np.full(n, _HASH_BASE, dtype=np.uint64)
-        pow_[0] = 1
-        pow_ = np.cumprod(pow_, dtype=np.uint64)
-        i = np.arange(n - width + 1)
-        return (prefix[i + width] - prefix[i]) * pow_[i + width - 1]
-
-
-def clean_window_starts(split: np.ndarray, train: np.ndarray, seq_len: int) -> np.ndarray:
-    """Starts of the non-overlapping windows of a held-out split whose tokens do not occur anywhere in the training
-    stream (at any offset). Removing duplicate documents leaves shared boilerplate (licence headers, generated
-    tables, copied signatures); a window that a model could have memorised measures memory, not generalisation.
-    Found by hashing every training window (`window_hashes`, in chunks) against the split's windows."""
-    total = len(split) // seq_len
-    starts = np.arange(total, dtype=np.int64) * seq_len
-    if total == 0 or len(train) < seq_len:
-        return starts
-    held = window_hashes(split, seq_len)[starts]
-    order = np.argsort(held)
-    sorted_held = held[order]
-    seen = np.zeros(total, dtype=bool)
-    for lo in range(0, len(train) - seq_len + 1, _HASH_CHUNK):
-        h = window_hashes(train[lo:lo + _HASH_CHUNK + seq_len - 1], seq_len)
-        pos = np.searchsorted(sorted_held, h).clip(max=total - 1)
-        hit = sorted_held[pos] == h
-        seen[order[pos[hit]]] = True
-    return starts[~seen]
-
-
 # ----------------------------------------------------------------------------------------------- MQAR
 
 
@@ -238,10 +179,12 @@ class HeadroomData(pl.LightningDataModule):
     """All splits of one data source for one family. Call `prepare()` (idempotent) before building a model: it
     loads the corpus and tokenizer and fixes `vocab_size`."""
 
-    def __init__(self, data: DataConfig, train: TrainConfig, family: str = "decoder", num_workers: int = 0):
+    def __init__(self, data: DataConfig, train: TrainConfig, family: str = "decoder", num_workers: int = 0,
+                 data_hash: str | None = None):
         super().__init__()
         self.data, self.train_cfg, self.family, self.num_workers = data, train, family, num_workers
-        self.corpus: Corpus | None = None
+        self.data_hash = data_hash  # a unit's: its prepared data is opened directly
+        self.prepared: Prepared | None = None
         self.tokenizer = None
         self.streams: dict[str, np.ndarray] = {}
         self.samples_consumed = 0
@@ -256,11 +199,15 @@ class HeadroomData(pl.LightningDataModule):
             self.corpus_hash = mqar_hash()
             self.shift_note = "MQAR with twice as many key-value pairs to recall (16 instead of 8)"
         else:
-            self.corpus = load_corpus(self.data)
-            self.tokenizer = make_tokenizer(self.data, self.corpus)
-            self.corpus_hash = data_hash(self.corpus, self.tokenizer)
-            self.streams = encode_splits(self.tokenizer, self.corpus.splits, self.corpus_hash)
-            self.shift_note = self.corpus.shift_note
+            p = open_prepared(self.data_hash) if self.data_hash else None
+            if p is None:  # not prepared here (a first `headroom train`, a node without the shared cache)
+                p = prepare(self.data)
+                if self.data_hash and p.data_hash != self.data_hash:
+                    raise HeadroomInputError(f"data {self.data.source}: its data hash is {p.data_hash} now, the "
+                                             f"sweep was planned on {self.data_hash} (the data changed)")
+            self.prepared = p
+            self.tokenizer, self.corpus_hash, self.streams, self.shift_note = p.tokenizer, p.data_hash, p.streams, \
+                p.shift_note
             seq = self.train_cfg.seq_len
             for s in ("val", "calibration", "id"):
                 if len(self.streams.get(s, ())) < seq:
@@ -316,22 +263,11 @@ class HeadroomData(pl.LightningDataModule):
         return self.tokenizer.mask_id if self.family == "encoder" else None
 
     def clean_starts(self, split: str) -> np.ndarray:
-        """The split's window starts that `clean_window_starts` keeps (memoised per process: trials that reuse a
-        worker prepare the same data again)."""
-        tok = self.tokenizer
-        ident = tok.fingerprint() if hasattr(tok, "fingerprint") else tok.name
-        key = (self.corpus_hash, ident, split, self.train_cfg.seq_len)
+        """The split's window starts that `clean_window_starts` keeps: read from the prepared data (the driver
+        computes them for every sequence length its plan uses), memoised per process."""
+        key = (self.corpus_hash, split, self.train_cfg.seq_len)
         if key not in _CLEAN_STARTS:
-            path = cache_dir() / "clean" / f"{self.corpus_hash}-{ident}-{split}-{self.train_cfg.seq_len}.npy"
-            if path.exists():
-                _CLEAN_STARTS[key] = np.load(path)
-            else:
-                _CLEAN_STARTS[key] = clean_window_starts(self.streams[split], self.streams["train"],
-                                                         self.train_cfg.seq_len)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.npy")
-                np.save(tmp, _CLEAN_STARTS[key])
-                os.replace(tmp, path)  # atomic: a concurrent trial reads a whole file or none
+            _CLEAN_STARTS[key] = self.prepared.clean_starts(split, self.train_cfg.seq_len)
         return _CLEAN_STARTS[key]
 
     def split_dataset(self, split: str, n_windows: int) -> Dataset:

@@ -1,5 +1,5 @@
 """Text → tokens: the byte and subword tokenisers, the identity of the token streams a run sees (what every unit
-key and the plan's vocabulary rest on), and the encoded streams, cached. No torch here either."""
+key and the plan's vocabulary rest on). Encoding a corpus into streams is prepared.py's. No torch here either."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .config import BYTE_VOCAB_SIZE, EOS_ID, MASK_ID, PAD_ID, DataConfig, HeadroomInputError
-from .corpus import Corpus, load_corpus
+from .corpus import Corpus
 
 
 class ByteTokenizer:
@@ -26,6 +25,9 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
 
     def decode(self, ids) -> str:
         return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", "replace")
@@ -63,6 +65,10 @@ class HFTokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, the batch encoded by `tokenizers` on all cores (the same ids as `encode`)."""
+        return self.tok(texts, add_special_tokens=False)["input_ids"]
 
     def decode(self, ids) -> str:
         return self.tok.decode(list(ids))
@@ -138,26 +144,6 @@ def data_hash(corpus: Corpus, tokenizer) -> str:
     return corpus.corpus_hash + "-" + hashlib.sha256(tokenizer.name.encode()).hexdigest()[:6]
 
 
-@dataclass(frozen=True)
-class DataIdentity:
-    """What a sweep's driver needs of its data before planning: the identity of the token streams (it goes into
-    every unit key) and the vocabulary size actually trained (it decides the models' sizes, so Scratch-B's
-    compute)."""
-
-    data_hash: str
-    vocab_size: int
-
-
-def data_identity(cfg: DataConfig) -> DataIdentity:
-    """`data_hash` and the tokenizer's vocabulary without torch (and a BPE tokenizer trained into the cache once,
-    before trials would race to)."""
-    if cfg.source == "mqar":
-        return DataIdentity(mqar_hash(), BYTE_VOCAB_SIZE)
-    corpus = load_corpus(cfg)
-    tok = make_tokenizer(cfg, corpus)
-    return DataIdentity(data_hash(corpus, tok), tok.vocab_size)
-
-
 def planned_vocab_size(cfg: DataConfig) -> tuple[int, str]:
     """The vocabulary size a plan can know without reading the corpus: (size, how it is known). Bytes and a
     pretrained tokenizer are exact; a BPE tokenizer not yet trained is planned at its declared size (training
@@ -167,41 +153,6 @@ def planned_vocab_size(cfg: DataConfig) -> tuple[int, str]:
     if cfg.tokenizer.startswith("pretrained:"):
         return pretrained_tokenizer(cfg.tokenizer.split(":", 1)[1]).vocab_size, "the pretrained tokenizer"
     return cfg.bpe_vocab_size, "declared bpe_vocab_size (the tokenizer is trained when the sweep starts)"
-
-
-def encode_docs(tokenizer, docs: list[str]) -> np.ndarray:
-    """Concatenate documents, each followed by eos, into one token stream."""
-    if not docs:
-        return np.zeros(0, dtype=np.int32)
-    parts = []
-    eos = np.asarray([tokenizer.eos_id], dtype=np.int32)
-    for d in docs:
-        parts.append(tokenizer.encode(d))
-        parts.append(eos)
-    return np.concatenate(parts)
-
-
-def encode_splits(tokenizer, splits: dict[str, list[str]], data_id: str) -> dict[str, np.ndarray]:
-    """Token streams of every non-empty split. A subword tokenizer's streams are cached in HEADROOM_CACHE by data
-    identity and tokenizer content: encoding a corpus takes seconds to minutes, and every trial of a sweep would
-    repeat it. Bytes are re-encoded (faster than reading a cache)."""
-    if tokenizer.name == "byte":
-        return {s: encode_docs(tokenizer, d) for s, d in splits.items() if d}
-    root = cache_dir() / "streams" / f"{data_id}-{tokenizer.fingerprint()}"
-    out = {}
-    for split, docs in splits.items():
-        if not docs:
-            continue
-        path = root / f"{split}.npy"
-        if path.exists():
-            out[split] = np.load(path)
-            continue
-        out[split] = encode_docs(tokenizer, docs)
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".{split}.tmp{os.getpid()}.npy"
-        np.save(tmp, out[split])
-        os.replace(tmp, path)  # atomic: a concurrent trial reads a whole file or none
-    return out
 
 
 def unigram_entropy(counts) -> float:

@@ -152,7 +152,8 @@ def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfi
              checkpoint_dir: str | os.PathLike | None = None, ckpt_path: str | None = None, callbacks=(),
              logger=None, progress: bool = True, checkpoint_every: int | None = None,
              data: HeadroomData | None = None, final_eval: bool = True,
-             distributed: Distributed | None = None, compile: bool | None = None, train_loss_fn=None) -> TrainResult:
+             distributed: Distributed | None = None, compile: bool | None = None, train_loss_fn=None,
+             data_hash: str | None = None) -> TrainResult:
     """Fit a model of `model_cfg` (its vocab size is set from the tokenizer), then evaluate it on the val split
     and every eval set (unless `final_eval` is False: a learning-rate search trial needs only its val reports,
     and data-parallel ranks other than 0 leave it to rank 0). `ckpt_path` resumes a run from a Lightning
@@ -160,8 +161,8 @@ def train_lm(model_cfg: ModelConfig, train_cfg: TrainConfig, data_cfg: DataConfi
     torch.compile the model in place (nn.Module.compile: checkpoints keep their parameter names); None reads
     HEADROOM_COMPILE=1 from the environment (how a sweep's trials are told). `train_loss_fn`: what training
     minimises instead of the LM loss (a distilled control's LogitDistillation); validation and the final
-    evaluation stay the LM loss."""
-    dm = data or HeadroomData(data_cfg, train_cfg, model_cfg.family)
+    evaluation stay the LM loss. `data_hash`: a sweep unit's data identity, whose prepared data is opened directly."""
+    dm = data or HeadroomData(data_cfg, train_cfg, model_cfg.family, data_hash=data_hash)
     dm.prepare()
     if model_cfg.vocab_size != dm.vocab_size:
         model_cfg = model_cfg.model_copy(update={"vocab_size": dm.vocab_size})

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from lightning_modules.checkpoints import checkpoint_info
 from lightning_modules.config import HeadroomInputError
-from lightning_modules.tokens import data_identity
+from lightning_modules.prepared import DataIdentity, data_identity, prepare
 
 from .plan import (
     Unit,
@@ -230,11 +230,24 @@ class Sweeper:
         """Before anything is recorded or started: the data's identity (corpus hash, the vocabulary actually
         trained) and every unit's model built on the meta device (orchestration/preflight.py). Bad data or a unit
         that cannot be built raises HeadroomInputError: one line, exit 2, nothing written."""
-        ident = data_identity(self.sweep.data)
+        data = self.sweep.data
+        if data.source == "mqar":
+            ident, prepared = data_identity(data), None
+        else:  # prepared once here; every trial maps what this writes (lightning_modules/prepared.py)
+            prepared = prepare(data, self.say)
+            ident = DataIdentity(prepared.data_hash, prepared.vocab_size)
+            self.say(f"data: prepared {prepared.path} ({sum(prepared.manifest['tokens'].values())} tokens)")
         self.vocab_size = ident.vocab_size
         rows = check_units(self.sweep, ident.data_hash, ident.vocab_size)
         if rows:
             self.say(f"plan: {len(rows)} unit(s) checked on the meta device (vocabulary {ident.vocab_size})")
+        if prepared is not None and self.sweep.pretrained is None:
+            plan = build_plan(self.sweep, ident.data_hash, ident.vocab_size)
+            lengths = {u.train.seq_len for u in (*plan.lr_search, *plan.trained, *plan.pruned, *plan.taught)}
+            for seq_len in sorted(lengths):  # the trials read these instead of scanning the training stream
+                for split in prepared.streams:
+                    if split != "train":
+                        prepared.clean_starts(split, seq_len)
         return ident.data_hash
 
     def run(self) -> int:

@@ -154,7 +154,7 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
         distributed = lightning_ddp()
     result = train_lm(unit.model, unit.train, unit.data, ckpt_path=ckpt_path, callbacks=callbacks, progress=False,
                       final_eval=lead and not is_search, distributed=distributed,
-                      train_loss_fn=_teacher_loss(unit, dense_uri, work))
+                      train_loss_fn=_teacher_loss(unit, dense_uri, work), data_hash=unit.corpus_hash)
     m = result.metrics
     if not lead:  # rank 0 reports the result; every rank reports as often (Ray Train's reports are a barrier)
         session.report({"step": m["steps"]})
@@ -214,7 +214,7 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="headroom-prune-"))
     model_dir, dense_eval, local = _dense_checkpoint(cfg["dense"], work)
-    data = HeadroomData(unit.data, unit.train, unit.family).prepare()
+    data = HeadroomData(unit.data, unit.train, unit.family, data_hash=unit.corpus_hash).prepare()
     plan, run = unit.plan, unit.prune
     # the dense model's losses on these very windows were measured by its train trial: not measured again
     if unit.prune_at < 1:  # prune the dense run's own checkpoint at p·T, train on to T, then recover

@@ -211,3 +211,21 @@ def test_gpu_memory_writes_json_and_the_gpu_check_refuses_a_machine_without_cuda
                            text=True, timeout=120, env={**os.environ, "PYTHON": sys.executable})
         assert r.returncode == 2
         assert r.stderr.strip().splitlines() == ["gpu_check: no CUDA GPU is visible on this machine"]
+
+
+def test_data_scale_writes_json(tmp_path):
+    """Two corpora at least 4x apart; the driver prepared each once (tokens per split), every trial setup opened
+    the prepared data in interleaved rounds, and the ratios are the medians of the rounds' own ratios."""
+    res = _run("data_scale.py", tmp_path / "data_scale.json", "--tiny", "--workdir", str(tmp_path / "work"))
+    assert res["benchmark"] == "data_scale" and res["goal"] == 1.2
+    assert res["corpus_ratio"] >= 4 and res["corpus_ratio"] == pytest.approx(
+        res["corpora"]["large"]["characters"] / res["corpora"]["small"]["characters"])
+    small, large = res["driver"]["small"], res["driver"]["large"]
+    assert sum(large["tokens"].values()) > 3.5 * sum(small["tokens"].values())  # the same text, 4x as much
+    assert res["driver_s_per_gb"] == pytest.approx(large["seconds"] / (res["corpora"]["large"]["characters"] / 1e9))
+    _alternating(res["samples"], ["small", "large"])
+    _check_median(res["median_time_ratio"], res["time_spread"],
+                  [s["large_seconds"] / s["small_seconds"] for s in res["samples"]], 2)
+    _check_median(res["median_rss_ratio"], res["rss_spread"],
+                  [s["large_peak_rss_mb"] / s["small_peak_rss_mb"] for s in res["samples"]], 2)
+    assert res["meets_goal"] == "inconclusive"  # 2 rounds: too few to decide

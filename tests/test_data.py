@@ -158,22 +158,20 @@ def test_bpe_trained_on_train_split_and_cached(tmp_path, cache_dir):
     assert cached[0].stat().st_mtime_ns == mtime  # reused, not retrained
 
 
-def test_subword_streams_are_cached_and_equal_fresh_encoding(tmp_path, cache_dir):
+def test_subword_streams_are_prepared_once(tmp_path, cache_dir):
+    """The second data module on the same source reads the prepared streams the first wrote (their equality with
+    a fresh encoding is tests/test_prepared.py's)."""
     from lightning_modules.data import HeadroomData
-    from lightning_modules.tokens import encode_docs
 
     _write_corpus(tmp_path / "c", 60)
     cfg = DataConfig(source=f"path:{tmp_path}/c/*.txt", tokenizer="bpe", bpe_vocab_size=300)
     first = HeadroomData(cfg, TrainConfig(steps=1, seq_len=16, batch_size=2), "decoder").prepare()
-    files = sorted((cache_dir / "streams").glob(f"{first.corpus_hash}-*/*.npy"))
+    files = sorted((cache_dir / "prepared" / first.corpus_hash).glob("*.bin"))
     assert {f.stem for f in files} == set(first.streams)
     mtimes = [f.stat().st_mtime_ns for f in files]
     second = HeadroomData(cfg, TrainConfig(steps=1, seq_len=16, batch_size=2), "decoder").prepare()
     assert [f.stat().st_mtime_ns for f in files] == mtimes  # read, not rewritten
-    corpus = load_corpus(cfg)
-    for split, docs in corpus.splits.items():
-        if docs:  # the reference: encoding the split afresh
-            assert np.array_equal(second.streams[split], encode_docs(first.tokenizer, docs))
+    assert second.prepared.path == first.prepared.path
 
 
 def test_byte_tokenizer_round_trip_and_unigram_entropy():
@@ -288,7 +286,7 @@ def test_duplicate_documents_are_removed_before_splitting(tmp_path):
 
 
 def test_window_hashes_equal_a_direct_polynomial():
-    from lightning_modules.data import _HASH_BASE, window_hashes
+    from lightning_modules.decontaminate import _HASH_BASE, window_hashes
 
     rng = np.random.default_rng(0)
     x = rng.integers(0, 300, 500).astype(np.int32)

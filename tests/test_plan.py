@@ -91,7 +91,7 @@ def test_scratch_b_compute_equals_the_pruned_arm_with_the_trained_vocabulary(tmp
     """Scratch-B's steps × its FLOPs per token = T × dense FLOPs + F × pruned FLOPs, within one step, where the
     FLOPs are counted from the modules of models built with the vocabulary the tokenizer really has (the sweep
     driver's `data_identity`), not from the config formula that plans them."""
-    from lightning_modules.tokens import data_identity
+    from lightning_modules.prepared import data_identity
     from orchestration.plan import global_control_units, prune_units, train_units
     from orchestration.preflight import build_on_meta, spread_heads
     from orchestration.spec import parse_sweep
