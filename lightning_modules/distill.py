@@ -57,7 +57,7 @@ class LogitDistillation:
             b, t, v = s32.shape
             ce = F.cross_entropy(s32.reshape(-1, v), labels.reshape(-1), ignore_index=-100, reduction="none")
             per_token = per_token + w * ce.view(b, t)
-        per_token = per_token * mask
+        per_token = torch.where(mask, per_token, 0.0)  # a NaN or inf at a padded position cannot spread
         return per_token.sum(1), mask.sum(1)
 
 

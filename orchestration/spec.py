@@ -222,6 +222,10 @@ def check_sweep(s: Sweep) -> None:
     if "distill" in s.prune.recovery and not any(s.prune.finetune_steps):
         raise HeadroomInputError("prune.recovery: distill fine-tunes towards the dense teacher; give a recovery "
                                  "budget (prune.finetune_steps > 0)")
+    if "distill" in s.prune.recovery and any(a < 1 for a in s.prune.at):
+        raise HeadroomInputError("prune.at: a prune at p < 1 recovering by distill would learn from the dense model "
+                                 "at T while its compute counts only p·T of the dense training; use recovery lm "
+                                 "with prune.at < 1, or distill with prune.at [1.0]")
     for name in s.controls:
         arm = ARMS[name]
         if arm.per_recovery and not set(arm.recoveries) & set(s.prune.recovery):

@@ -60,6 +60,10 @@ BAD = [
     ("budgets-repeated", GOOD.replace("steps: 20,", "steps: [20, 20],"), "scales.xs.steps: duplicate value 20"),
     ("budget-not-positive", GOOD.replace("steps: 20,", "steps: [0, 20],"), "scales.xs.steps: must be a positive"),
     ("prune-at-over-one", GOOD.replace("random]}", "random], at: [1.5]}"), "prune.at[0]"),
+    # an early prune cannot distil from the dense model at T, whose training its compute counts only to p·T
+    ("early-prune-distilled", GOOD.replace("random]}", "random], at: [0.5, 1.0], finetune_steps: 5, "
+                                                       "recovery: [lm, distill]}"),
+     "prune.at: a prune at p < 1 recovering by distill"),
     ("bad-tokenizer", GOOD.replace("{source: stdlib}", "{source: stdlib, tokenizer: wordpiece}"), "data.tokenizer"),
     ("negative-finetune", GOOD.replace("methods: [gradient, random]}", "methods: [random], finetune_steps: -1}"),
      "prune.finetune_steps"),
