@@ -111,10 +111,16 @@ def controls_of(controls: dict, arm: str, key: tuple) -> dict:
     return controls.get((*where, ft, rec)) or controls.get((*where, None, rec), {})
 
 
-def primary_recovery(runs: list[Run]) -> tuple[int, str]:
-    """The primary comparison's recovery, declared with PRIMARY: the strongest the sweep ran — by distillation
-    when it distilled, else by the LM loss — at the largest recovery budget F of that objective. (0, "lm") when no
-    pruned run finished. The rest of a recovery sweep is its own section (report/recovery.py)."""
+def primary_recovery(runs: list[Run], spec=None) -> tuple[int, str]:
+    """The primary comparison's recovery, declared with PRIMARY: the strongest the sweep declares — by
+    distillation when its `prune.recovery` lists distill, else by the LM loss — at the largest recovery budget F of
+    `prune.finetune_steps`. Taken from the sweep file, never from which runs finished (a run that did not finish is
+    reported missing, not replaced by a weaker recovery). Without a stored sweep file (runs of an older version), it
+    is inferred from the pruned runs; (0, "lm") when none finished. The rest of a recovery sweep is its own section
+    (report/recovery.py)."""
+    if spec is not None:
+        kinds = spec.prune.recovery
+        return max(spec.prune.finetune_steps), ("distill" if "distill" in kinds else "lm")
     pruned = [r for r in runs if r.arm == "pruned"]
     kind = "distill" if any(r.recovery == "distill" for r in pruned) else "lm"
     return max((r.finetune_steps or 0 for r in pruned if r.recovery == kind), default=0), kind
@@ -135,16 +141,18 @@ def at_recovery(runs: list[Run], recovery: tuple[int, str]) -> list[Run]:
     return out
 
 
-def comparisons(runs: list[Run], windows: Windows | None = None) -> list[Comparison]:
+def comparisons(runs: list[Run], windows: Windows | None = None,
+                main: tuple[int, str] | None = None) -> list[Comparison]:
     """Every pruned group against every control of its head count, paired by seed, on every eval set, before
     (finetune_steps 0) and after recovery fine-tune; then Holm's adjustment over each (scale, family)'s primary
     comparisons, whose verdicts become the adjusted ones. Primary: the PRIMARY method, scope, schedule and eval
     set, after the primary recovery (`primary_recovery`); the masked model before fine-tune is compared in that
-    recovery's groups only (it is the same model in every other)."""
+    recovery's groups only (it is the same model in every other). `main`: the primary recovery (F, objective),
+    from the sweep file; inferred from the runs when not given."""
     windows = windows or Windows(None)
     controls = control_runs(runs)
     sets = eval_sets(runs)
-    main = primary_recovery(runs)
+    main = main or primary_recovery(runs)
     out = []
     for key, by_seed in by_scale(pruned_groups(runs)):
         scale, family, ratio, method, scope, schedule, _, rec = key

@@ -6,7 +6,7 @@ paired interval (seeds and eval windows, as every comparison) at level 1 − α/
 family). A change of sign is stated only between two budgets whose signs are both established and opposite; a gap
 that is 0 at every F then claims one with probability at most α (tests/test_recovery_report.py measures it by
 simulation; docs/design.md states the rates). The primary comparison itself (section 3, the headline) is at the
-primary recovery, `analysis.primary_recovery`: the strongest one the sweep ran.
+primary recovery, `analysis.primary_recovery`: the strongest one the sweep file declares.
 """
 
 from __future__ import annotations

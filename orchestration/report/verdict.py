@@ -132,10 +132,10 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
     if not any(r.arm == "pruned" for r in every):
         raise HeadroomInputError(f"sweep {data.sweep!r} (spec {data.spec_hash}) has no finished pruned run: "
                                  "nothing to compare yet")
-    main = primary_recovery(every)
+    main = primary_recovery(every, data.spec)
     runs = at_recovery(every, main)  # every table but the recovery section's: the primary recovery's runs
     rec_rows = recovery_rows(every, windows)
-    comps = comparisons(runs, windows)
+    comps = comparisons(runs, windows, main)
     curves = prune_curves(runs)
     h1 = prunable(runs, tol)
     scale_fams = sorted({(p.scale, p.family) for p in h1}, key=lambda p: (scale_rank(p[0]), p))
