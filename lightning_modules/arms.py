@@ -163,6 +163,7 @@ register_arm(Arm("wide", "wide",
 register_arm(Arm("scratch_kd", "Scratch-KD",
                  "Scratch-KD control: the pruned architecture ({heads}) trained from scratch by distillation from "
                  "the dense model of its seed (the pruned arm's teacher), {steps}, the distilled pruned arm's "
-                 "training FLOPs with every teacher pass counted ({what}).",
+                 "training FLOPs with every teacher pass counted ({what}). The dense training inside that budget "
+                 "also made its teacher, which it uses without paying for it: the match favours this control.",
                  control=True, architecture=pruned_shape, steps=matched_distilled_compute, search_as="scratch_e",
                  per_recovery=True, recoveries=("distill",), teacher=True))

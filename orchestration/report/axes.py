@@ -44,14 +44,16 @@ def timing_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
             plots.timing_plot(mine, path, f"{scale} {family}: {method} pruning at p of training")
             doc.img(path, f"{scale} {family}, {method}: final loss against when the heads were removed")
     doc.table(["scale", "family", "ratio", "method", "p", "n", "final loss", "95% CI", "p − (p=1)", "95% CI",
-               "margin", "pruning early vs late", "Scratch-E − pruned", "95% CI", "vs Scratch-E"],
+               "margin", "pruning early vs late", "Scratch-E − pruned", "95% CI (seeds, unadjusted)",
+               "vs Scratch-E (unadjusted)"],
               [[t.scale, t.family, fmt_ratio(t.ratio), t.method, f"{t.prune_at:g}", str(t.n_seeds),
                 f"{t.loss_mean:.4f}", fmt_ci(t.loss_ci95), _num(t.vs_late_mean, "{:+.4f}"), fmt_ci(t.vs_late_ci95),
                 _num(t.margin, "{:.4f}"), TIMING_WORDS[t.vs_late], _num(t.vs_scratch_e_mean, "{:+.4f}"),
                 fmt_ci(t.vs_scratch_e_ci95), t.vs_scratch_e.replace("_", " ")] for t in rep.timing])
     doc.p("Scratch-E − pruned: the heads removed at p against the same structure trained from scratch for T steps "
           "(Behnke & Heafield 2020's lottery question), paired by seed; supported (pruning at p better) or refuted "
-          "when the 95% interval excludes 0, unadjusted for the number of rows.")
+          "when the 95% interval excludes 0. These intervals are over seeds only (the eval windows' variance is "
+          "not added) and unadjusted for the number of rows: a screen, weaker evidence than section 3's verdicts.")
 
 
 def _crossovers(t) -> str:
@@ -142,10 +144,14 @@ def recovery_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
     doc.p(f"The primary gap (control − pruned, {PRIMARY_WORDS}) after each recovery the sweep ran: F fine-tune "
           "steps on the LM loss (lm) or on the KL divergence to the dense teacher's logits (distill). Scratch-B "
           "and Scratch-KD are matched to each F and objective (the teacher's forward passes counted); Scratch-E and "
-          f"wide stand for all. Sections 1–6b are at the primary recovery, the strongest one the sweep ran: {f} "
+          f"wide stand for all. Sections 1–6b are at the primary recovery, the strongest the sweep file declares: {f} "
           f"steps {how}. A budget's gap has a sign (+: pruning better, −: the control better) when its interval "
           "at the Bonferroni level 1 − 0.05/k over the k budgets excludes 0; a change of sign is stated only "
           "between two budgets whose signs are both established and opposite.")
+    if any(c.control == "scratch_kd" for c in rep.recovery):
+        doc.p("Scratch-KD's budget includes the dense training the pruned arm spent, and that training also made "
+              "the teacher Scratch-KD learns from, unpaid a second time: the match favours Scratch-KD. A gap in its "
+              "favour may be that margin; one in the pruned arm's favour holds against more than equal compute.")
     for scale, family in sorted({(c.scale, c.family) for c in rep.recovery}):
         rows = [c for c in rep.recovery if (c.scale, c.family) == (scale, family)]
         path = plots_dir / f"recovery_{scale}_{family}.png"
