@@ -223,6 +223,12 @@ def test_data_scale_writes_json(tmp_path):
     small, large = res["driver"]["small"], res["driver"]["large"]
     assert sum(large["tokens"].values()) > 3.5 * sum(small["tokens"].values())  # the same text, 4x as much
     assert res["driver_s_per_gb"] == pytest.approx(large["seconds"] / (res["corpora"]["large"]["characters"] / 1e9))
+    # the line through the two corpora passes through both measurements, and TinyStories sits on it
+    fit, gb = res["driver_fit"], {n: res["corpora"][n]["characters"] / 1e9 for n in ("small", "large")}
+    for n, d in res["driver"].items():
+        assert fit["fixed_mb"] + fit["mb_per_gb"] * gb[n] == pytest.approx(d["peak_rss_mb"])
+        assert fit["fixed_s"] + fit["s_per_gb"] * gb[n] == pytest.approx(d["seconds"])
+    assert fit["tinystories_mb"] == pytest.approx(fit["fixed_mb"] + 1.9 * fit["mb_per_gb"])
     _alternating(res["samples"], ["small", "large"])
     _check_median(res["median_time_ratio"], res["time_spread"],
                   [s["large_seconds"] / s["small_seconds"] for s in res["samples"]], 2)

@@ -299,6 +299,25 @@ def test_window_hashes_equal_a_direct_polynomial():
         assert int(h[i]) == v
 
 
+def test_hashes_at_starts_equal_the_direct_polynomial_and_every_offset_hash():
+    """The held-out split's windows are hashed only at their starts (memory of the starts, not of the split): the
+    same values as the direct polynomial and as window_hashes at those offsets, for both stream dtypes."""
+    from lightning_modules.decontaminate import _HASH_BASE, hashes_at, window_hashes
+
+    rng = np.random.default_rng(1)
+    B = int(_HASH_BASE)
+    for dtype in (np.uint16, np.int32):
+        x = rng.integers(0, 60000, 3000).astype(dtype)
+        starts = np.arange(0, len(x) - 16, 11, dtype=np.int64)
+        got = hashes_at(x, starts, 16)
+        assert np.array_equal(got, window_hashes(x, 16)[starts])
+        for i in (0, 5, len(starts) - 1):
+            v = 0
+            for k in range(16):
+                v = (v * B + int(x[starts[i] + k]) + 1) % 2**64
+            assert int(got[i]) == v
+
+
 def test_no_eval_window_occurs_in_the_train_stream():
     """On the embedded corpus, the windows a run is evaluated (or scored) on are absent from the training text at
     every offset, checked here by plain substring search: every window of `id` (the primary eval set), a sample of
