@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .config import EVAL_CAP_TOKENS, DataConfig, HeadroomInputError, TrainConfig
 from .corpus import EVAL_SETS
-from .prepared import Prepared, open_prepared, prepare
+from .prepared import Prepared, epoch_order, open_prepared, prepare
 from .tokens import MQAR_PAIRS, MQAR_STREAMS, ByteTokenizer, mqar_hash, unigram_entropy_of
 
 EVAL_MASK_SEED = 1_000_003  # one masking of each eval window for all runs
@@ -69,13 +69,15 @@ class TrainWindows(_Windows):
     the epoch early and be iterated again from its start — the last steps of the run would repeat earlier data.
     The samples past the run's end are never reached (max_steps stops training first)."""
 
-    def __init__(self, stream, seq_len, seed: int, n_samples: int, start: int = 0, mlm: dict | None = None):
+    def __init__(self, stream, seq_len, seed: int, n_samples: int, start: int = 0, mlm: dict | None = None,
+                 orders=None):
         super().__init__(stream, seq_len, mlm)
         self.n_windows = (len(stream) - seq_len) // seq_len
         if self.n_windows < 1:
             raise HeadroomInputError(f"train split ({len(stream)} tokens) is shorter than two windows of {seq_len}")
         self.seed, self.n_samples, self.start = seed, n_samples, start
         self._epochs: dict[int, tuple[int, np.ndarray]] = {}
+        self._orders = orders  # a prepared dataset's stored orders (prepared.Prepared.train_order), or None
 
     def __len__(self) -> int:
         return self.n_samples
@@ -83,8 +85,10 @@ class TrainWindows(_Windows):
     def start_of(self, j: int) -> int:
         epoch, k = divmod(j, self.n_windows)
         if epoch not in self._epochs:
-            rng = np.random.default_rng([self.seed, epoch])
-            self._epochs = {epoch: (int(rng.integers(self.seq_len)), rng.permutation(self.n_windows))}
+            if self._orders is not None:
+                self._epochs = {epoch: self._orders(self.seed, epoch, self.n_windows, self.seq_len)}
+            else:
+                self._epochs = {epoch: epoch_order(self.seed, epoch, self.n_windows, self.seq_len)}
         phase, perm = self._epochs[epoch]
         return phase + int(perm[k]) * self.seq_len
 
@@ -257,7 +261,8 @@ class HeadroomData(pl.LightningDataModule):
         n = t.steps * t.batch_size
         if self.data.source == "mqar":
             return MQAR(t.seq_len, MQAR_PAIRS["train"], 1000 + t.seed, n, start, self._mask_id())
-        return TrainWindows(self.streams["train"], t.seq_len, t.seed, n, start, self._mlm())
+        orders = self.prepared.train_order if self.prepared is not None else None
+        return TrainWindows(self.streams["train"], t.seq_len, t.seed, n, start, self._mlm(), orders)
 
     def _mask_id(self):
         return self.tokenizer.mask_id if self.family == "encoder" else None
