@@ -4,8 +4,11 @@ memory, headless services and probes, and Pod Security "restricted" everywhere."
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 from test_k8s import RAY_KINDS, all_objects, containers, pod_specs, render
@@ -147,3 +150,52 @@ def test_the_namespace_enforces_pod_security_restricted_and_every_pod_meets_it()
             asc = obj["spec"]["autoscalerOptions"]["securityContext"]  # the autoscaler sidecar KubeRay adds
             assert asc["allowPrivilegeEscalation"] is False and "ALL" in asc["capabilities"]["drop"]
     assert checked >= 15
+
+
+# The scales RayJob's head runs the sweep's driver, which prepares TinyStories before the first trial
+# (lightning_modules/prepared.py). Its memory is sized from measurements, not guessed:
+#  - docs/measured/data_scale.json: `python benchmarks/data_scale.py --small-mb 200` on this project's CPU machine
+#    (synthetic TinyStories-shaped corpora of 200 and 800 MB, BPE 8192): the driver's peak RSS as fixed + per GB,
+#    extrapolated to TinyStories' 1.9 GB of text;
+#  - VOCABULARY_MARGIN: real stories have a far larger vocabulary than the benchmark's grammar (the BPE trainer's
+#    word counts grow with it), so the extrapolation is taken 1.5 times;
+#  - TUNE_DRIVER_MB: the driver's peak RSS through a whole Tune sweep on the embedded data (the recovery and timing
+#    sweeps, README: 0.8 GB); it follows the data preparation, whose documents are freed by then;
+#  - RAY_HEAD_MB: the summed RSS of `ray start --head --num-cpus 0` with its dashboard (GCS, raylet, dashboard
+#    and its modules, runtime-env agent) 25 s after start, Ray 2.60: 1585 MB;
+#  - the /dev/shm volume is memory (emptyDir medium Memory): a full object store counts in the pod's limit.
+MEASURED = Path(__file__).resolve().parents[1] / "docs" / "measured" / "data_scale.json"
+VOCABULARY_MARGIN = 1.5
+TUNE_DRIVER_MB = 800
+RAY_HEAD_MB = 1585
+
+
+def head_memory_needed(shm_limit: int) -> int:
+    fit = json.loads(MEASURED.read_text())["driver_fit"]
+    driver_mb = max(VOCABULARY_MARGIN * fit["tinystories_mb"], TUNE_DRIVER_MB)
+    return int((driver_mb + RAY_HEAD_MB) * 2**20) + shm_limit
+
+
+def test_the_scales_head_holds_its_measured_driver_ray_and_a_full_object_store():
+    """The head's memory request and limit hold the driver's measured peak on TinyStories, Ray's head processes and
+    a full /dev/shm; and not more than twice that (a head that asks for far more than it needs is hard to
+    schedule)."""
+    (job,) = [o for o in render("jobs/scales") if o["kind"] == "RayJob"]
+    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    shm = _bytes(next(v for v in head["volumes"] if v["name"] == "shm")["emptyDir"]["sizeLimit"])
+    need = head_memory_needed(shm)
+    (c,) = head["containers"]
+    for kind in ("requests", "limits"):
+        have = _bytes(c["resources"][kind]["memory"])
+        assert need <= have <= 2 * need, (kind, have / 2**30, need / 2**30)
+
+
+def test_head_memory_needed_grows_with_the_measured_driver(tmp_path, monkeypatch):
+    """The check reads the measurement: a driver that needed 8 GB more would need 8 GB more of the head."""
+    data = json.loads(MEASURED.read_text())
+    base = head_memory_needed(0)
+    data["driver_fit"]["tinystories_mb"] += 8192 / VOCABULARY_MARGIN
+    fake = tmp_path / "data_scale.json"
+    fake.write_text(json.dumps(data))
+    monkeypatch.setattr(sys.modules[__name__], "MEASURED", fake)
+    assert head_memory_needed(0) - base == pytest.approx(8192 * 2**20, rel=1e-6)
