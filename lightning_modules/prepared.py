@@ -31,6 +31,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,10 +82,7 @@ class Prepared:
         if path.exists():
             return np.load(path)
         starts = clean_window_starts(self.streams[split], self.streams["train"], seq_len)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.npy")
-        np.save(tmp, starts)
-        os.replace(tmp, path)  # a concurrent trial reads a whole file or none
+        _save_atomically(path, starts)
         return starts
 
     def train_order(self, seed: int, epoch: int, n_windows: int, seq_len: int) -> tuple[int, np.ndarray]:
@@ -92,14 +90,33 @@ class Prepared:
         one: a trial's setup then stays constant in the size of the corpus (drawing a permutation of 1.9M windows
         takes about 50 ms and 15 MB)."""
         path = self.path / "order" / f"s{seed}-e{epoch}-n{n_windows}-L{seq_len}.npy"
-        if not path.exists():
-            phase, perm = epoch_order(seed, epoch, n_windows, seq_len)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.npy")
-            np.save(tmp, np.concatenate([[phase], perm]).astype(np.int64))
-            os.replace(tmp, path)
-        stored = np.load(path, mmap_mode="r")
-        return int(stored[0]), stored[1:]
+        try:
+            stored = np.load(path, mmap_mode="r")
+            if stored.dtype == np.int64 and stored.shape == (n_windows + 1,):
+                return int(stored[0]), stored[1:]
+        except (OSError, ValueError):  # not there yet (or not a whole .npy: drawn again and replaced)
+            pass
+        phase, perm = epoch_order(seed, epoch, n_windows, seq_len)
+        try:
+            _save_atomically(path, np.concatenate([[phase], perm]).astype(np.int64))
+        except OSError:  # a read-only cache: this trial keeps its draw in memory
+            pass
+        return phase, perm
+
+
+def _save_atomically(path: Path, array: np.ndarray) -> None:
+    """Write an .npy under a name no other writer uses (the cache is shared by the pods of a cluster, whose process
+    ids repeat), flushed, then renamed into place: a concurrent reader sees a whole file or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.npy")
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def epoch_order(seed: int, epoch: int, n_windows: int, seq_len: int) -> tuple[int, np.ndarray]:

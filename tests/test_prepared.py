@@ -112,16 +112,21 @@ def test_clean_starts_are_computed_once_and_equal_the_direct_scan(tmp_path, own_
 
 def test_a_stored_training_order_is_the_drawn_one_and_is_drawn_once(tmp_path, own_cache):
     """The first trial of a seed stores its epoch's order; a later trial maps it, and both walk exactly the
-    samples of the in-memory order (TrainWindows without a prepared dataset: the reference), over two epochs."""
-    from lightning_modules.data import TrainWindows
-
+    windows the draw made before orders were stored (written out here: a phase, then a permutation, from
+    default_rng([seed, epoch])), over two epochs and a part of a third. A damaged stored order is drawn again."""
     cfg = DataConfig(source=f"path:{_corpus(tmp_path / 'c')}/*.txt")
     tcfg = TrainConfig(steps=40, seq_len=16, batch_size=8, seed=3)
     ident = data_identity(cfg)
     first = HeadroomData(cfg, tcfg, data_hash=ident.data_hash).prepare().train_dataset()
     n = first.n_windows
-    reference = TrainWindows(first.stream, 16, seed=3, n_samples=2 * n + 5)
-    want = [reference.start_of(j) for j in range(2 * n + 5)]
+
+    def drawn(j):
+        epoch, k = divmod(j, n)
+        rng = np.random.default_rng([3, epoch])
+        phase = int(rng.integers(16))
+        return phase + int(rng.permutation(n)[k]) * 16
+
+    want = [drawn(j) for j in range(2 * n + 5)]
     assert [first.start_of(j) for j in range(2 * n + 5)] == want
     stored = sorted(p.name for p in (open_prepared(ident.data_hash).path / "order").iterdir())
     assert stored == [f"s3-e0-n{n}-L16.npy", f"s3-e1-n{n}-L16.npy", f"s3-e2-n{n}-L16.npy"]
@@ -131,6 +136,12 @@ def test_a_stored_training_order_is_the_drawn_one_and_is_drawn_once(tmp_path, ow
     assert {f: (open_prepared(ident.data_hash).path / "order" / f).stat().st_mtime_ns for f in stored} == mtimes
     other = HeadroomData(cfg, tcfg.model_copy(update={"seed": 4}), data_hash=ident.data_hash).prepare()
     assert [other.train_dataset().start_of(j) for j in range(n)] != want[:n]  # another seed, another order
+    damaged = open_prepared(ident.data_hash).path / "order" / stored[1]
+    damaged.write_bytes(damaged.read_bytes()[:100])  # a torn file
+    again = HeadroomData(cfg, tcfg, data_hash=ident.data_hash).prepare().train_dataset()
+    assert [again.start_of(j) for j in range(2 * n + 5)] == want
+    assert np.load(damaged).shape == (n + 1,)  # replaced by a whole one
+    assert not [p for p in damaged.parent.iterdir() if p.name.startswith(".")]  # no temporary file left
 
 
 def test_a_changed_source_is_prepared_again_and_a_stale_unit_refused(tmp_path, own_cache):
