@@ -156,3 +156,21 @@ def test_the_report_refuses_to_drop_a_run_that_its_grouping_cannot_tell_apart():
                                              ("xs", "decoder", 0.5, "gradient", "per_layer", "one_shot", 20, "lm")]
     with pytest.raises(ValueError, match="xs-T100-a and xs-T200-b share family, method and seed 0"):
         by_seed([a, b], ("family", "method"))
+
+
+def test_a_store_whose_runs_miss_the_recovery_its_sweep_file_declares_is_refused(tmp_path):
+    """The sweep file declares F = 4; its pruned runs logged F = 10 (the Store's): the report names both instead of
+    printing a headline that says the primary comparison is not in the sweep."""
+    from lightning_modules.config import HeadroomInputError
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    store = Store(uri, "mismatch")
+    spec = SWEEP.replace("seeds: [0]", "seeds: [0, 1, 2]").replace("[random, last_first]", "[random]")
+    parent = store.parent(spec.replace("controls: [scratch_e, scratch_h]", "controls: [scratch_e]"), "cccc")
+    for s in range(3):
+        store.child(parent, f"xs-decoder-dense-s{s}", {"final/id/loss": 2.0}, seed=s, params={"steps": 40})
+        m = {f"{k}/id/loss": 2.1 for k in ("dense", "pre_ft", "final")}
+        store.child(parent, f"xs-decoder-pruned-random-r0.5-s{s}", m, arm="pruned", seed=s, method="random",
+                    ratio="0.5", scope="per_layer", schedule="one_shot", heads="8")
+    with pytest.raises(HeadroomInputError, match=r"primary recovery .*\(F = 4, lm\); pruned runs finished at F = 10"):
+        write_report(uri, "mismatch", tmp_path / "report")

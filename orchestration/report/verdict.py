@@ -125,7 +125,8 @@ class Report:
 
 
 def build(data: SweepRuns, windows: Windows | None = None) -> Report:
-    """Every table of the report from the sweep's runs. Raises HeadroomInputError when no pruned run finished."""
+    """Every table of the report from the sweep's runs. Raises HeadroomInputError when no pruned run finished, or
+    none at the primary recovery (a store whose runs do not match their sweep file)."""
     tol = data.spec.prune.tolerance if data.spec is not None else DEFAULT_TOLERANCE
     trust = data.spec.trust if data.spec is not None else TrustSpec()
     every = data.runs
@@ -134,6 +135,12 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
                                  "nothing to compare yet")
     main = primary_recovery(every, data.spec)
     runs = at_recovery(every, main)  # every table but the recovery section's: the primary recovery's runs
+    if not any(r.arm == "pruned" for r in runs):
+        found = sorted({(r.finetune_steps or 0, r.recovery) for r in every if r.arm == "pruned"})
+        raise HeadroomInputError(
+            f"sweep {data.sweep!r} (spec {data.spec_hash}): no finished pruned run at the primary recovery its sweep "
+            f"file declares (F = {main[0]}, {main[1]}); pruned runs finished at " +
+            ", ".join(f"F = {f} ({k})" for f, k in found))
     rec_rows = recovery_rows(every, windows)
     comps = comparisons(runs, windows, main)
     curves = prune_curves(runs)
