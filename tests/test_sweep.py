@@ -318,3 +318,53 @@ def test_pretrained_sweep_prunes_a_saved_checkpoint(tmp_path, cache_dir):
     path = c.download_artifacts(parents[0].info.run_id, "sweep/resolved.json", str(tmp_path / "download"))
     resolved = json.loads(Path(path).read_text())
     assert resolved["data"]["tokenizer"].startswith("pretrained:") and resolved["family"] == ["decoder"]
+
+
+# ------------------------------------------------------------------------------------------- bf16 on CPU
+
+BF16_LOSS_TOL = 0.03  # |bf16 − fp32| ÷ fp32 of a unit's final id loss: at most this, the median at most a third
+BF16_RANK_MIN = 0.9  # Spearman ρ of a gradient prune's head scores with fp32's, where the dense models still agree
+
+
+def test_the_smoke_sweep_at_bf16_mixed_on_cpu_follows_its_fp32_run(smoke, tmp_path):
+    """The smoke sweep again at `precision: bf16-mixed` (Lightning's CPU autocast; evaluation and scoring stay
+    fp32): every stage runs — gated training, gradient scoring, pruning, the recovery fine-tune, the controls, the
+    report — and every unit's final id loss is within BF16_LOSS_TOL of the fp32 sweep's (the shared smoke run).
+    Head rankings: where the two dense models are still one model (the 20-step budget: losses within 0.1%), the
+    gradient scores rank alike; at 40 steps bf16's rounding has moved the model about as far as another seed does
+    (measured: ρ 0.29 and 0.60, against 0.41 and 0.56 between the fp32 seeds), so that is printed, not asserted."""
+    from mlflow.artifacts import download_artifacts
+
+    text = (ROOT / "sweeps" / "smoke.yaml").read_text()
+    text = text.replace("name: smoke", "name: smoke-bf16").replace("eval_batches: 2}",
+                                                                     "eval_batches: 2, precision: bf16-mixed}")
+    assert "precision: bf16-mixed}" in text
+    (tmp_path / "bf16.yaml").write_text(text)
+    r = run_sweep(tmp_path, tmp_path / "bf16.yaml")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert json.loads((tmp_path / "reports" / "smoke-bf16" / "verdict.json").read_text())["comparisons"]
+    ref = {x.info.run_name: x for x in split(runs_of(client(smoke["cwd"]), "smoke"))[1]}
+    got = {x.info.run_name: x for x in split(runs_of(client(tmp_path), "smoke-bf16"))[1]}
+    assert set(got) == set(ref)
+
+    def scores(run, cwd):
+        path = download_artifacts(run_id=run.info.run_id, artifact_path="scores.json",
+                                  tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
+        return [v for row in json.loads(Path(path).read_text())["scores"] for v in row if v is not None]
+
+    rel, rho = {}, {}
+    for name, run in got.items():
+        assert run.data.params.get("eval_precision", "32-true") == "32-true", name  # evaluation is fp32 for all
+        if "final/id/loss" in ref[name].data.metrics:
+            a, b = ref[name].data.metrics["final/id/loss"], run.data.metrics["final/id/loss"]
+            rel[name] = abs(b - a) / a
+        if run.data.tags.get("headroom.method") == "gradient":
+            rho[name] = stats.spearmanr(scores(ref[name], smoke["cwd"]), scores(run, tmp_path)).statistic
+    print("bf16 vs fp32, relative loss:", {k: round(v, 4) for k, v in sorted(rel.items())})
+    print("bf16 vs fp32, gradient-score Spearman:", {k: round(float(v), 3) for k, v in sorted(rho.items())})
+    assert len(rel) >= 20 and len(rho) == 4
+    assert sum(v > 1e-5 for v in rel.values()) >= len(rel) // 2  # the precision reached training: the numbers moved
+    assert max(rel.values()) <= BF16_LOSS_TOL and statistics.median(rel.values()) <= BF16_LOSS_TOL / 3, rel
+    for name, value in rho.items():
+        if "-T20-" in name:
+            assert value >= BF16_RANK_MIN, (name, value)
