@@ -77,7 +77,7 @@ class TrainWindows(_Windows):
             raise HeadroomInputError(f"train split ({len(stream)} tokens) is shorter than two windows of {seq_len}")
         self.seed, self.n_samples, self.start = seed, n_samples, start
         self._epochs: dict[int, tuple[int, np.ndarray]] = {}
-        self._orders = orders  # a prepared dataset's stored orders (prepared.Prepared.train_order), or None
+        self._orders = orders or epoch_order  # a prepared dataset's stored orders (Prepared.train_order), or drawn
 
     def __len__(self) -> int:
         return self.n_samples
@@ -85,10 +85,7 @@ class TrainWindows(_Windows):
     def start_of(self, j: int) -> int:
         epoch, k = divmod(j, self.n_windows)
         if epoch not in self._epochs:
-            if self._orders is not None:
-                self._epochs = {epoch: self._orders(self.seed, epoch, self.n_windows, self.seq_len)}
-            else:
-                self._epochs = {epoch: epoch_order(self.seed, epoch, self.n_windows, self.seq_len)}
+            self._epochs = {epoch: self._orders(self.seed, epoch, self.n_windows, self.seq_len)}
         phase, perm = self._epochs[epoch]
         return phase + int(perm[k]) * self.seq_len
 

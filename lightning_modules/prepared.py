@@ -82,7 +82,7 @@ class Prepared:
         if path.exists():
             return np.load(path)
         starts = clean_window_starts(self.streams[split], self.streams["train"], seq_len)
-        _save_atomically(path, starts)
+        _save_atomically(path, lambda f: np.save(f, starts))
         return starts
 
     def train_order(self, seed: int, epoch: int, n_windows: int, seq_len: int) -> tuple[int, np.ndarray]:
@@ -98,20 +98,20 @@ class Prepared:
             pass
         phase, perm = epoch_order(seed, epoch, n_windows, seq_len)
         try:
-            _save_atomically(path, np.concatenate([[phase], perm]).astype(np.int64))
+            _save_atomically(path, lambda f: np.save(f, np.concatenate([[phase], perm]).astype(np.int64)))
         except OSError:  # a read-only cache: this trial keeps its draw in memory
             pass
         return phase, perm
 
 
-def _save_atomically(path: Path, array: np.ndarray) -> None:
-    """Write an .npy under a name no other writer uses (the cache is shared by the pods of a cluster, whose process
-    ids repeat), flushed, then renamed into place: a concurrent reader sees a whole file or none."""
+def _save_atomically(path: Path, write) -> None:
+    """`write(f)` into a file under a name no other writer uses (the cache is shared by the pods of a cluster, whose
+    process ids repeat), flushed, then renamed into place: a concurrent reader sees a whole file or none."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.npy")
+    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}{path.suffix}")
     try:
         with open(tmp, "wb") as f:
-            np.save(f, array)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -227,11 +227,8 @@ def lookup(cfg: DataConfig) -> Prepared | None:
 def _write_index(cfg: DataConfig, key: str | None, data_id: str) -> None:
     if key is None:
         return
-    path = _index_path(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"data_hash": data_id, "source": cfg.source}))
-    os.replace(tmp, path)
+    entry = json.dumps({"data_hash": data_id, "source": cfg.source}).encode()
+    _save_atomically(_index_path(key), lambda f: f.write(entry))
 
 
 # ------------------------------------------------------------------------------------------------ writing
