@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from measure import at_least, interleave, ratio_result, timed  # noqa: E402
 

@@ -36,7 +36,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import summarize  # noqa: E402
 from stack import ROOT, Stack, missing  # noqa: E402
 

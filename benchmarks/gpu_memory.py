@@ -22,7 +22,6 @@ import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def measure(spec: str, steps: int, device: str) -> dict:

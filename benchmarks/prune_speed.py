@@ -17,10 +17,8 @@ import argparse
 import copy
 import json
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from measure import combine, interleave, summarize, timed  # noqa: E402
 

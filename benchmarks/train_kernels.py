@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from measure import at_least, combine, interleave, ratio_result  # noqa: E402
 

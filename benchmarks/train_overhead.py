@@ -20,12 +20,10 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from measure import at_least, interleave, ratio_result  # noqa: E402
 
