@@ -28,30 +28,36 @@ RecoveryKind = Literal["lm", "distill"]  # what the recovery fine-tune minimises
 PruneSchedule = Literal["one_shot", "iterative"]
 
 
-class PrunePlan(Strict):
-    """What to remove: a fraction `ratio` of the heads, chosen per layer or globally (at least one head stays in
-    every layer), in one shot or iteratively (`step` of the heads at a time, re-scoring in between, as Michel et
-    al. 2019), then `finetune_steps` of recovery training.
+IterativeStep = Annotated[float, Field(gt=0, le=1)]  # the fraction of the heads an iterative prune removes per round
+DEFAULT_STEP = 0.1
 
-    The recovery fine-tune's learning rate is `finetune_lr` when given; otherwise each rate of
-    `finetune_lr_grid` fine-tunes a copy of the pruned model and the one with the lowest validation loss is kept
-    (chosen on the validation split, never on an eval set)."""
 
-    method: str = "gradient"
-    ratio: float = Field(ge=0, lt=1)
-    scope: Scope = "per_layer"
-    schedule: PruneSchedule = "one_shot"
-    step: float = Field(default=0.1, gt=0, le=1)
+class PruneData(Strict):
+    """What data a prune reads besides its checkpoint: calibration batches to score heads on, and whether to draw
+    the mask-only prune curve (the achievable fractions of heads removed up to 0.9) and on how many batches per
+    point (None: the eval budget). Declared once: a sweep's `prune` block and a unit's PruneRun both extend it."""
+
+    calibration_batches: int = Field(default=DEFAULT_CALIBRATION_BATCHES, gt=0)
+    curve: bool = True
+    curve_batches: int | None = Field(default=None, gt=0)
+
+    def prune_data(self) -> dict:
+        return {k: getattr(self, k) for k in PruneData.model_fields}
+
+
+class Recovery(Strict):
+    """How a prune proceeds once its method, ratio, scope and schedule say which heads go: the iterative `step`,
+    then `finetune_steps` of recovery training at `finetune_lr`, or at each rate of `finetune_lr_grid` (the one
+    with the lowest validation loss kept). Declared once: a PrunePlan and a sweep unit's PruneRun both extend it."""
+
+    step: IterativeStep = DEFAULT_STEP
     finetune_steps: int = Field(default=0, ge=0)
     finetune_lr: float | None = Field(default=None, gt=0)
     finetune_lr_grid: tuple[Annotated[float, Field(gt=0)], ...] = ()
-    seed: int = Field(default=0, ge=0)
 
-    @model_validator(mode="after")
-    def _finetune_rate(self):
-        if self.finetune_steps and self.finetune_lr is None and not self.finetune_lr_grid:
-            raise ValueError("a recovery fine-tune needs finetune_lr or a finetune_lr_grid to choose it from")
-        return self
+    def recovery(self) -> dict:
+        """The fields declared here, to build the other model that extends this one."""
+        return {k: getattr(self, k) for k in Recovery.model_fields}
 
     @property
     def finetune_lrs(self) -> tuple[float, ...]:
@@ -62,6 +68,28 @@ class PrunePlan(Strict):
     def recovery_steps(self) -> int:
         """Steps trained at the pruned size in recovery: F for each rate tried (Scratch-B's budget counts them all)."""
         return self.finetune_steps * len(self.finetune_lrs)
+
+
+class PrunePlan(Recovery):
+    """What to remove: a fraction `ratio` of the heads, chosen per layer or globally (at least one head stays in
+    every layer), in one shot or iteratively (`step` of the heads at a time, re-scoring in between, as Michel et
+    al. 2019), then `finetune_steps` of recovery training (the fields of Recovery).
+
+    The recovery fine-tune's learning rate is `finetune_lr` when given; otherwise each rate of
+    `finetune_lr_grid` fine-tunes a copy of the pruned model and the one with the lowest validation loss is kept
+    (chosen on the validation split, never on an eval set)."""
+
+    method: str = "gradient"
+    ratio: float = Field(ge=0, lt=1)
+    scope: Scope = "per_layer"
+    schedule: PruneSchedule = "one_shot"
+    seed: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _finetune_rate(self):
+        if self.finetune_steps and self.finetune_lr is None and not self.finetune_lr_grid:
+            raise ValueError("a recovery fine-tune needs finetune_lr or a finetune_lr_grid to choose it from")
+        return self
 
     _method = field_validator("method")(classmethod(lambda cls, v: check_method(v)))
 

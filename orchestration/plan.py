@@ -22,7 +22,6 @@ from lightning_modules.prune_plan import PrunePlan
 
 from .spec import Sweep
 from .unit import (  # noqa: F401 - the unit's names, where the stages, trials and report have always found them
-    _PLAN_FIELDS,
     DONE,
     EVAL_PARAMS,
     HALF_ARM,
@@ -128,7 +127,7 @@ def recovery_steps(sweep: Sweep, dense_lr: float | None, finetune_steps: int) ->
     `finetune_steps`, as its prune units plan them (PrunePlan.recovery_steps): F for each candidate rate it
     fine-tunes. Scratch-B's budget counts every one: the pruned arm trained them all to pick its best."""
     run = _prune_run(sweep, dense_lr, finetune_steps)
-    return PrunePlan(ratio=0.0, **{k: getattr(run, k) for k in _PLAN_FIELDS}).recovery_steps
+    return PrunePlan(ratio=0.0, **run.recovery()).recovery_steps
 
 
 def recoveries(sweep: Sweep) -> list[tuple[int, str]]:
@@ -207,8 +206,7 @@ def _prune_run(sweep: Sweep, dense_lr: float | None, finetune_steps: int) -> Pru
     p = sweep.prune
     grid = () if p.finetune_lr is not None or dense_lr is None else tuple(m * dense_lr for m in p.finetune_lr_grid)
     return PruneRun(step=p.step, finetune_steps=finetune_steps, finetune_lr=p.finetune_lr,
-                    finetune_lr_grid=grid if finetune_steps else (), calibration_batches=p.calibration_batches,
-                    curve=p.curve, curve_batches=p.curve_batches)
+                    finetune_lr_grid=grid if finetune_steps else (), **p.prune_data())
 
 
 def prune_units(sweep: Sweep, dense: list[Unit]) -> list[Unit]:

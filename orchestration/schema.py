@@ -13,10 +13,12 @@ from pydantic.fields import FieldInfo
 from lightning_modules.arms import check_control
 from lightning_modules.config import SCALES, DataConfig, Family, Strict, TrainConfig
 from lightning_modules.prune_plan import (
-    DEFAULT_CALIBRATION_BATCHES,
     DEFAULT_FINETUNE_LR_GRID,
+    DEFAULT_STEP,
     DEFAULT_TOLERANCE,
     DistillSpec,
+    IterativeStep,
+    PruneData,
     PruneSchedule,
     RecoveryKind,
     Scope,
@@ -117,12 +119,16 @@ class ScaleSpec(Strict):
         return sorted(self.steps) if isinstance(self.steps, list) else [self.steps]
 
 
-class PruneSpec(Strict):
+class PruneSpec(PruneData):
+    """A sweep's `prune` block: its axes (ratios, methods, scope, schedule, at, finetune_steps, recovery) as lists,
+    the iterative step, the recovery fine-tune's rate or grid (multiples of the dense rate), the tolerance, and
+    the data a prune reads (PruneData's calibration_batches, curve, curve_batches)."""
+
     ratios: Annotated[list[Annotated[float, AfterValidator(_ratio)]], NonEmpty, AfterValidator(_unique)]
     methods: Annotated[list[Annotated[str, AfterValidator(check_method)]], NonEmpty, AfterValidator(_unique)]
     scope: Annotated[list[Scope], NonEmpty, AfterValidator(_unique)] = ["per_layer"]
     schedule: Annotated[list[PruneSchedule], NonEmpty, AfterValidator(_unique)] = ["one_shot"]
-    step: float = Field(default=0.1, gt=0, le=1)  # iterative: fraction of the heads removed per round
+    step: IterativeStep = DEFAULT_STEP  # iterative: fraction of the heads removed per round
     # the recovery budget F (a list: an axis, each value its own prune units and its own budget-matched controls)
     finetune_steps: Annotated[list[Annotated[int, Field(ge=0)]], NonEmpty, AfterValidator(_unique)] = [0]
     # what the recovery fine-tune minimises: the LM loss, or the KL divergence to the dense teacher (an axis too)
@@ -133,10 +139,7 @@ class PruneSpec(Strict):
     finetune_lr: float | None = Field(default=None, gt=0)
     finetune_lr_grid: Annotated[list[Annotated[float, Field(gt=0)]], NonEmpty, AfterValidator(_unique)] = list(
         DEFAULT_FINETUNE_LR_GRID)
-    calibration_batches: int = Field(default=DEFAULT_CALIBRATION_BATCHES, gt=0)
     tolerance: float = Field(default=DEFAULT_TOLERANCE, gt=0)  # relative: pruned loss <= dense loss * (1 + tolerance)
-    curve: bool = True  # the mask-only prune curve (the achievable fractions of heads removed up to 0.9)
-    curve_batches: int | None = Field(default=None, gt=0)  # batches per point of the curve (default: eval's)
     # prune timing: fractions p of the dense run's steps T at which its heads are removed (the dense run keeps a
     # checkpoint at each p·T < T; the pruned model trains on to T, then the recovery fine-tune). 0: at init.
     at: Annotated[list[Annotated[float, Field(ge=0, le=1)]], NonEmpty, AfterValidator(_unique)] = [1.0]

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from pydantic import Field
 
 from lightning_modules.arms import ARMS
-from lightning_modules.config import SCALES, DataConfig, ModelConfig, Strict, TrainConfig
-from lightning_modules.prune_plan import DEFAULT_CALIBRATION_BATCHES, DistillSpec, PrunePlan
+from lightning_modules.config import SCALES, DataConfig, ModelConfig, TrainConfig
+from lightning_modules.prune_plan import DistillSpec, PruneData, PrunePlan, Recovery
 
 from .axes import AXES, tags_of
 from .metrics import WORK_KINDS  # noqa: F401 - where the summaries have found it
@@ -66,20 +66,12 @@ class ProbeRun(ProbeSpec):
     tolerance: float = Field(gt=0)
 
 
-class PruneRun(Strict):
-    """How a prune unit prunes, beyond which heads it selects (the unit's method, ratio, scope and schedule):
-    the iterative step, the recovery fine-tune, the calibration data and the mask-only curve."""
-
-    step: float = Field(default=0.1, gt=0, le=1)
-    finetune_steps: int = Field(default=0, ge=0)
-    finetune_lr: float | None = Field(default=None, gt=0)
-    finetune_lr_grid: tuple[float, ...] = ()  # absolute rates (the sweep's multiples × the dense model's rate)
-    calibration_batches: int = Field(default=DEFAULT_CALIBRATION_BATCHES, gt=0)
-    curve: bool = True
-    curve_batches: int | None = Field(default=None, gt=0)  # batches per point of the curve (None: the eval budget)
+class PruneRun(Recovery, PruneData):
+    """How a prune unit prunes, beyond which heads it selects (the unit's method, ratio, scope and schedule): the
+    iterative step and the recovery fine-tune (Recovery's fields; its grid holds absolute rates, the sweep's
+    multiples × the dense model's rate), the calibration data and the mask-only curve (PruneData's)."""
 
 
-_PLAN_FIELDS = ("step", "finetune_steps", "finetune_lr", "finetune_lr_grid")
 # what a key hashes: the serialised unit, less its key and its budget (derived: train.steps and the dense key say
 # it); fields added after keys were first written enter only when they differ from their default, so units of
 # sweeps that do not use them keep their keys
@@ -129,7 +121,7 @@ class Unit:
         if self.prune is None:
             return None
         return PrunePlan(method=self.method, ratio=self.ratio, scope=self.scope, schedule=self.schedule,
-                         seed=self.seed, **{k: getattr(self.prune, k) for k in _PLAN_FIELDS})
+                         seed=self.seed, **self.prune.recovery())
 
     def with_key(self) -> Unit:
         body = {k: v for k, v in self.to_dict().items()
@@ -230,8 +222,8 @@ class Unit:
         plan = d.get("plan")
         prune = None
         if plan is not None:
-            prune = PruneRun(**{k: plan[k] for k in _PLAN_FIELDS}, calibration_batches=d["calibration_batches"],
-                             curve=d["curve"], curve_batches=d["curve_batches"])
+            prune = PruneRun(**{k: plan[k] for k in Recovery.model_fields}, curve=d["curve"],
+                             calibration_batches=d["calibration_batches"], curve_batches=d["curve_batches"])
         return cls(d["stage"], d["arm"], d["scale"], d["family"], d["seed"],
                    ModelConfig(**d["model"]) if d["model"] else None, TrainConfig(**d["train"]),
                    DataConfig(**d["data"]), d["corpus_hash"], d["heads"], method=d["method"], ratio=d["ratio"],

@@ -174,3 +174,23 @@ def test_a_store_whose_runs_miss_the_recovery_its_sweep_file_declares_is_refused
                     ratio="0.5", scope="per_layer", schedule="one_shot", heads="8")
     with pytest.raises(HeadroomInputError, match=r"primary recovery .*\(F = 4, lm\); pruned runs finished at F = 10"):
         write_report(uri, "mismatch", tmp_path / "report")
+
+
+def test_every_axis_a_sweep_file_sets_names_a_field_of_the_sweep_schema():
+    """An axis declares where a sweep file sets it (orchestration/axes.py); the schema (orchestration/schema.py)
+    validates that field. The two must name the same place: a renamed field would leave the axis pointing nowhere."""
+    from orchestration.axes import AXES
+    from orchestration.schema import ScaleSpec, Sweep
+
+    set_by_file = [a for a in AXES if a.sweep_field]
+    assert len(set_by_file) >= 10
+    for a in set_by_file:
+        model = Sweep
+        for part in a.sweep_field.split("."):
+            if part == "<scale>":
+                model = ScaleSpec
+                continue
+            assert part in model.model_fields, f"axis {a.name}: {a.sweep_field} is not a sweep-file field"
+            ann = model.model_fields[part].annotation
+            model = next((t for t in (getattr(ann, "__args__", None) or (ann,)) if hasattr(t, "model_fields")),
+                         model if part == "scales" else None)

@@ -255,6 +255,21 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
             c = next(r for r in table if r["name"] == f"xs-decoder-{arm}-r0.5-s{i}")
             assert (c["arm"], c["ratio"], c["scope"]) == (arm, "0.5", "per_layer")
             assert float(c["final/id/loss"]) == pytest.approx(PRUNED_FT[i] + gap[i], abs=1e-12)
+    # the report pools what runs.csv shows: grouping the exported rows by the report's axes with pandas (the cell
+    # for the scale) partitions the runs exactly as the report's statistics group them
+    import pandas as pd
+
+    from lightning_modules.arms import control_names
+    from orchestration.report.analysis import PRUNED_AXES, control_runs, pruned_groups
+
+    df = pd.read_csv(out / "runs.csv", dtype=str, keep_default_na=False)
+    cols = ["cell" if a == "scale" else a for a in PRUNED_AXES]
+    exported = lambda rows, by: sorted(sorted(g.run_id) for _, g in rows.groupby(by))  # noqa: E731
+    pooled = lambda groups: sorted(sorted(r.run_id for r in g.values()) for g in groups.values())  # noqa: E731
+    pruned_rows = df[(df.arm == "pruned") & (df.prune_at.astype(float) == 1.0)]
+    assert exported(pruned_rows, cols) == pooled(pruned_groups(rep.data.runs)) and len(pruned_rows) > 10
+    control_rows = df[df.arm.isin(control_names())]
+    assert exported(control_rows, ["arm", *cols]) == pooled(control_runs(rep.data.runs)) and len(control_rows) > 10
     m = store.c.get_run(parent).data.metrics
     c = _row(v["comparisons"], scale="xs", control="scratch_e", method="gradient", eval_set="id", finetune_steps=10)
     assert m["verdict/xs/decoder/r0.5/scratch_e/diff_mean"] == pytest.approx(c["diff_mean"])
