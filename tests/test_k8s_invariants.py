@@ -176,12 +176,15 @@ def head_memory_needed(shm_limit: int) -> int:
     return int((driver_mb + RAY_HEAD_MB) * 2**20) + shm_limit
 
 
-def test_the_scales_head_holds_its_measured_driver_ray_and_a_full_object_store():
-    """The head's memory request and limit hold the driver's measured peak on TinyStories, Ray's head processes and
-    a full /dev/shm; and not more than twice that (a head that asks for far more than it needs is hard to
-    schedule)."""
-    (job,) = [o for o in render("jobs/scales") if o["kind"] == "RayJob"]
-    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+@pytest.mark.parametrize("target,kind", [("jobs/scales", "RayJob"), ("overlays/gpu", "RayCluster")])
+def test_the_head_that_runs_the_scales_driver_holds_it_ray_and_a_full_object_store(target, kind):
+    """Where the driver of sweeps/scales.yaml runs — the head of its RayJob, or of the long-lived GPU cluster a
+    researcher submits it to with `ray job submit` — the memory request and limit hold the driver's measured peak
+    on TinyStories, Ray's head processes and a full /dev/shm; and not more than twice that (a head that asks for
+    far more than it needs is hard to schedule)."""
+    (obj,) = [o for o in render(target) if o["kind"] == kind]
+    spec = obj["spec"]["rayClusterSpec"] if kind == "RayJob" else obj["spec"]
+    head = spec["headGroupSpec"]["template"]["spec"]
     shm = _bytes(next(v for v in head["volumes"] if v["name"] == "shm")["emptyDir"]["sizeLimit"])
     need = head_memory_needed(shm)
     (c,) = head["containers"]
