@@ -285,10 +285,24 @@ def _write(cfg: DataConfig, say) -> str:
         return data_id
     if final.exists():  # without a manifest: not written by prepare (a partial copy); replaced
         shutil.rmtree(final)
-    dtype = stream_dtype(tokenizer.vocab_size)
-    tmp = prepared_root() / f".{data_id}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    # written under a name no other writer uses (pods sharing the cache repeat process ids), renamed when whole
+    tmp = prepared_root() / f".{data_id}.tmp{uuid.uuid4().hex}"
     tmp.mkdir(parents=True)
+    try:
+        _write_into(tmp, cfg, corpus, tokenizer, data_id, t0, say)
+        os.rename(tmp, final)  # the commit: a reader sees a whole directory or none
+    except OSError:
+        if not (final / "manifest.json").exists():
+            raise
+        # another process prepared the same data meanwhile: keep theirs
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return data_id
+
+
+def _write_into(tmp: Path, cfg: DataConfig, corpus, tokenizer, data_id: str, t0: float, say) -> None:
+    """The streams, tokenizer and manifest of a prepared dataset, into the directory `tmp`."""
+    dtype = stream_dtype(tokenizer.vocab_size)
     splits = {s: docs for s, docs in corpus.splits.items() if docs}
     progress = _Progress(sum(len(d) for d in splits.values()), sum(corpus.n_chars(s) for s in splits), say)
     tokens = {}
@@ -308,11 +322,6 @@ def _write(cfg: DataConfig, say) -> str:
         "duplicates_removed": corpus.meta.get("duplicates_removed", 0), "seconds": round(time.monotonic() - t0, 2),
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    try:
-        os.rename(tmp, final)  # the commit: a reader sees a whole directory or none
-    except OSError:  # another process prepared the same data meanwhile: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-    return data_id
 
 
 def prepare(cfg: DataConfig, say=None) -> Prepared:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -100,9 +101,14 @@ def train_bpe(docs: list[str], vocab_size: int, corpus_hash: str) -> HFTokenizer
         )
         tok.train_from_iterator(docs, trainer=trainer)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tok.save(str(tmp))
-        os.replace(tmp, path)  # atomic: concurrent trials never read a half-written file
+        # a name no other writer uses (the cache is shared by pods whose process ids repeat), then renamed:
+        # concurrent readers never see a half-written file
+        tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.json")
+        try:
+            tok.save(str(tmp))
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
     fast = PreTrainedTokenizerFast(
         tokenizer_file=str(path), pad_token="<pad>", mask_token="<mask>", eos_token="<eos>"
     )

@@ -173,3 +173,34 @@ def test_a_half_written_directory_is_never_read(tmp_path, own_cache):
     p = prepare(cfg)
     assert p.data_hash == h and (final / "manifest.json").exists()
     assert not list(prepared_root().glob(".*tmp*"))
+
+
+def test_a_failed_preparation_leaves_nothing_and_a_concurrent_one_is_kept(tmp_path, own_cache, monkeypatch):
+    """A preparation that fails while encoding leaves neither a prepared directory nor its temporary one behind;
+    when another process committed the same data while this one encoded, theirs stays and this one's is dropped."""
+    import lightning_modules.prepared as prepared
+
+    cfg = DataConfig(source=f"path:{_corpus(tmp_path / 'c')}/*.txt")
+    real = prepared._write_into
+
+    def fails(tmp, *a):
+        real(tmp, *a)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(prepared, "_write_into", fails)
+    with pytest.raises(OSError, match="disk full"):
+        prepare(cfg)
+    assert [p.name for p in prepared_root().iterdir() if p.name != "index"] == []
+
+    def races(tmp, cfg_, corpus, tokenizer, data_id, *a):  # another writer commits first, then this one renames
+        real(tmp, cfg_, corpus, tokenizer, data_id, *a)
+        other = prepared_root() / f".{data_id}.tmp-other"
+        other.mkdir()
+        real(other, cfg_, corpus, tokenizer, data_id, *a)
+        (other / "theirs").write_text("")
+        other.rename(prepared_root() / data_id)
+
+    monkeypatch.setattr(prepared, "_write_into", races)
+    p = prepare(cfg)
+    assert (prepared_root() / p.data_hash / "theirs").exists() and p.streams["train"].size > 0
+    assert not list(prepared_root().glob(".*tmp*"))
