@@ -17,9 +17,13 @@ import json
 import os
 import sys
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from .arrowdocs import ArrowDocs, normalised_digest, raw_digest
 from .config import DataConfig, HeadroomInputError
 
 EVAL_SETS = ("id", "shift")
@@ -37,7 +41,7 @@ BLOCK_CHARS = 2048
 @dataclass
 class Corpus:
     source: str
-    splits: dict[str, list[str]]  # split name -> documents
+    splits: dict[str, Sequence[str]]  # split name -> documents (a list, or ArrowDocs read from a dataset's table)
     corpus_hash: str
     shift_note: str | None = None  # what the shifted set is; None when there is none
     meta: dict = field(default_factory=dict)
@@ -47,7 +51,8 @@ class Corpus:
         return [s for s in EVAL_SETS if self.splits.get(s)]
 
     def n_chars(self, split: str) -> int:
-        return sum(len(d) for d in self.splits.get(split, ()))
+        docs = self.splits.get(split, ())
+        return docs.n_chars() if isinstance(docs, ArrowDocs) else sum(len(d) for d in docs)
 
 
 def _unit_fraction(key: str) -> float:
@@ -87,9 +92,7 @@ def _blocks(text: str, size: int = BLOCK_CHARS) -> list[str]:
 def normalised_hash(text: str) -> str:
     """Hash of a document's content up to line endings, trailing spaces and blank lines at either end: two files
     that differ only there are the same document."""
-    lines = [line.rstrip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
-    body = "\n".join(lines).strip("\n")
-    return hashlib.sha256(body.encode("utf-8", "replace")).hexdigest()
+    return normalised_digest(text).hex()
 
 
 def dedupe(units: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], int]:
@@ -104,12 +107,22 @@ def dedupe(units: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], int]:
     return out, len(units) - len(out)
 
 
-def drop_train_duplicates(splits: dict[str, list[str]]) -> int:
+def _norm_digests(docs) -> np.ndarray:
+    return docs.norm if isinstance(docs, ArrowDocs) else np.asarray([normalised_digest(d) for d in docs], dtype="S32")
+
+
+def _take(docs, positions):
+    """The documents at `positions` of a list or of ArrowDocs, in order."""
+    return docs.take(positions) if isinstance(docs, ArrowDocs) else [docs[i] for i in positions]
+
+
+def drop_train_duplicates(splits: dict[str, Sequence[str]]) -> int:
     """Splits fixed by the source (a dataset's own validation and test, a shifted set) keep their documents; a
     training document with the same normalised content as a held-out one leaves train. Returns how many left."""
-    held = {normalised_hash(d) for name, docs in splits.items() if name != "train" for d in docs}
+    held = [_norm_digests(docs) for name, docs in splits.items() if name != "train" and len(docs)]
     train = splits["train"]
-    splits["train"] = [d for d in train if normalised_hash(d) not in held]
+    if held:
+        splits["train"] = _take(train, np.flatnonzero(~np.isin(_norm_digests(train), np.concatenate(held))))
     return len(train) - len(splits["train"])
 
 
@@ -118,10 +131,17 @@ def _split_units(units: list[tuple[str, str]], cfg: DataConfig, what: str) -> di
     gets text."""
     if len(units) < MIN_UNITS:
         units = [(f"{k}#{i}", b) for k, t in units for i, b in enumerate(_blocks(t))]
-    splits: dict[str, list[str]] = {s: [] for s in ("train", "val", "calibration", "id")}
-    for (key, text), split in zip(units, assign_splits([k for k, _ in units], cfg)):
-        splits[split].append(text)
-    empty = [s for s, docs in splits.items() if not docs]
+    return _split_keyed([k for k, _ in units], [t for _, t in units], cfg, what)
+
+
+def _split_keyed(keys: list[str], docs: Sequence[str], cfg: DataConfig, what: str) -> dict[str, Sequence[str]]:
+    """Documents `docs` (a list or ArrowDocs) to splits by the hashes of their `keys`, in order."""
+    where: dict[str, list[int]] = {s: [] for s in ("train", "val", "calibration", "id")}
+    for i, split in enumerate(assign_splits(keys, cfg)):
+        where[split].append(i)
+    splits = {s: _take(docs, at) for s, at in where.items()}
+    empty = [s for s, d in splits.items() if not len(d)]
+    units = keys
     if empty or len(units) < 4:
         raise HeadroomInputError(
             f"data {what}: corpus too small to fill the train, val, calibration and id splits ({len(units)} documents)"
@@ -134,8 +154,12 @@ def _hash(cfg: DataConfig, parts: dict[str, list[str]], extra: str = "") -> str:
     h.update(json.dumps([cfg.val_fraction, cfg.calibration_fraction, cfg.eval_fraction, extra]).encode())
     for split in sorted(parts):
         h.update(split.encode() + b"\0")
-        for doc in parts[split]:
-            h.update(hashlib.sha256(doc.encode("utf-8", "replace")).digest())
+        docs = parts[split]
+        if isinstance(docs, ArrowDocs):  # the same bytes as one update per document
+            h.update(docs.raw.tobytes())
+        else:
+            for doc in docs:
+                h.update(raw_digest(doc))
     return h.hexdigest()[:16]
 
 
@@ -294,18 +318,19 @@ def _hf_rows(spec: str, text_column: str) -> dict[str, list[str]]:
             raise HeadroomInputError(
                 f"data hf:{spec}: split {split!r} has no column {text_column!r} (columns: {ds.column_names})"
             )
-        out[split] = [t for t in ds[text_column] if t and t.strip()]
+        out[split] = ArrowDocs.scan(ds, text_column)
     return out
 
 
 def load_hf(cfg: DataConfig) -> Corpus:
+    """A dataset's documents, held as rows of its memory-mapped Arrow tables (arrowdocs.py), never as one list of
+    strings; deduplicated by digest (the first of each content stays), split as the list-of-strings rule would."""
     spec = cfg.source.split(":", 1)[1]
     rows = _hf_rows(spec, cfg.text_column)
-    if not any(rows.values()):
+    if not any(len(d) for d in rows.values()):
         raise HeadroomInputError(f"data {cfg.source}: corpus is empty")
     n_rows = sum(len(d) for d in rows.values())
-    rows = {split: [t for _, t in dedupe([(str(i), d) for i, d in enumerate(docs)])[0]]
-            for split, docs in rows.items()}
+    rows = {split: docs.take(docs.first_occurrences()) for split, docs in rows.items()}
     dups = n_rows - sum(len(d) for d in rows.values())
     train_rows = rows.get("train", [])
     val_rows = rows.get("validation") or rows.get("valid") or rows.get("val")
@@ -316,14 +341,21 @@ def load_hf(cfg: DataConfig) -> Corpus:
         if n_cal >= len(train_rows):
             raise HeadroomInputError(f"data {cfg.source}: train split too small to carve a calibration set")
         ranked = sorted(range(len(train_rows)), key=lambda i: _unit_fraction(f"train/{i}"))
-        cal_idx = set(ranked[:n_cal])
-        cal = [t for i, t in enumerate(train_rows) if i in cal_idx]
-        train = [t for i, t in enumerate(train_rows) if i not in cal_idx]
-        splits = {"train": train, "val": val_rows, "calibration": cal, "id": test_rows}
+        is_cal = np.zeros(len(train_rows), dtype=bool)
+        is_cal[ranked[:n_cal]] = True
+        splits = {"train": train_rows.take(np.flatnonzero(~is_cal)), "val": val_rows,
+                  "calibration": train_rows.take(np.flatnonzero(is_cal)), "id": test_rows}
     else:
-        units, _ = dedupe([(f"{s}/{i}", t) for s, docs in sorted(rows.items()) for i, t in enumerate(docs)])
-        dups = n_rows - len(units)
-        splits = _split_units(units, cfg, cfg.source)
+        names = [s for s in sorted(rows) if len(rows[s])]
+        pooled = ArrowDocs.concat([rows[s] for s in names])
+        keys = [f"{s}/{i}" for s in names for i in range(len(rows[s]))]
+        first = pooled.first_occurrences()
+        dups = n_rows - len(first)
+        units, unit_keys = pooled.take(first), [keys[i] for i in first]
+        if len(units) < MIN_UNITS:  # few documents: cut into blocks, as for any small source (held as text)
+            splits = _split_units(list(zip(unit_keys, units[:])), cfg, cfg.source)
+        else:
+            splits = _split_keyed(unit_keys, units, cfg, cfg.source)
     note = None
     if cfg.shift:
         splits["shift"], note, shift_dups = _shift_docs(cfg)

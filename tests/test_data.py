@@ -134,6 +134,80 @@ def test_hf_source_through_datasets_on_local_files(tmp_path):
     assert all(one.splits[s] for s in ("train", "val", "calibration", "id"))
 
 
+def _reference_hf_splits(d, cfg):
+    """The split rule on plain lists of strings, written out as a loop over the rows (the loader holds rows of the
+    Arrow tables and digests instead): what every hf: corpus was before the loader streamed."""
+    import datasets
+
+    from lightning_modules.corpus import _split_units, _unit_fraction, normalised_hash
+
+    def dedupe(units):
+        seen, out = set(), []
+        for k, t in units:
+            if normalised_hash(t) not in seen:
+                seen.add(normalised_hash(t))
+                out.append((k, t))
+        return out
+
+    dd = datasets.load_dataset(str(d))
+    rows = {s: [t for t in ds["text"] if t and t.strip()] for s, ds in dd.items()}
+    n = sum(map(len, rows.values()))
+    rows = {s: [t for _, t in dedupe(list(enumerate(ts)))] for s, ts in rows.items()}
+    if all(rows.get(s) for s in ("train", "validation", "test")):
+        tr = rows["train"]
+        cal = set(sorted(range(len(tr)), key=lambda i: _unit_fraction(f"train/{i}"))[:max(1, round(
+            cfg.calibration_fraction * len(tr)))])
+        splits = {"train": [t for i, t in enumerate(tr) if i not in cal], "val": rows["validation"],
+                  "calibration": [t for i, t in enumerate(tr) if i in cal], "id": rows["test"]}
+        dups = n - sum(map(len, rows.values()))
+    else:
+        units = dedupe([(f"{s}/{i}", t) for s in sorted(rows) for i, t in enumerate(rows[s])])
+        splits, dups = _split_units(units, cfg, "ref"), n - len(units)
+    held = {normalised_hash(t) for s, ts in splits.items() if s != "train" for t in ts}
+    kept = [t for t in splits["train"] if normalised_hash(t) not in held]
+    return {**splits, "train": kept}, dups + len(splits["train"]) - len(kept)
+
+
+@pytest.mark.parametrize("layout", [{"train": 400, "validation": 40, "test": 40}, {"train": 300, "validation": 30},
+                                    {"train": 500}, {"train": 30}])
+def test_hf_documents_streamed_from_arrow_split_as_lists_of_strings_would_be(tmp_path, layout):
+    """The loader holds a dataset's documents as rows of its Arrow tables with their digests, never as one list of
+    strings; its splits, duplicate count and corpus hash equal the list-of-strings rule on the same rows (with
+    repeats within and across splits, None and blank rows, line-ending variants that deduplicate)."""
+    import hashlib
+    import json
+    import random
+
+    from lightning_modules.arrowdocs import ArrowDocs
+
+    rng = random.Random(len(layout) * 1000 + sum(layout.values()))
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    pool = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 40))) for _ in range(150)]
+    d = tmp_path / "ds"
+    d.mkdir()
+    for split, n in layout.items():
+        with open(d / f"{split}.jsonl", "w") as f:
+            for _ in range(n):
+                r = rng.random()
+                t = (rng.choice(pool) + rng.choice(["", "\n", "  \n\n", "\r\n"]) if r < 0.35 else None if r < 0.38
+                     else "   " if r < 0.41 else " ".join(rng.choice(words) for _ in range(rng.randint(3, 40))))
+                f.write(json.dumps({"text": t}) + "\n")
+    cfg = DataConfig(source=f"hf:{d}")
+    corpus = load_corpus(cfg)
+    splits, dups = _reference_hf_splits(d, cfg)
+    assert {s: list(ts) for s, ts in corpus.splits.items()} == splits
+    assert corpus.meta["duplicates_removed"] == dups and (dups > 0 or sum(layout.values()) < 50)
+    if sum(layout.values()) >= 50:
+        assert all(isinstance(ts, ArrowDocs) for ts in corpus.splits.values())  # held as rows, not strings
+    h = hashlib.sha256(json.dumps([cfg.val_fraction, cfg.calibration_fraction, cfg.eval_fraction, ""]).encode())
+    for s in sorted(splits):
+        h.update(s.encode() + b"\0")
+        for t in splits[s]:
+            h.update(hashlib.sha256(t.encode()).digest())
+    assert corpus.corpus_hash == h.hexdigest()[:16]
+    assert {s: corpus.n_chars(s) for s in splits} == {s: sum(map(len, ts)) for s, ts in splits.items()}
+
+
 def test_hf_missing_local_directory():
     with pytest.raises(HeadroomInputError, match="no such directory"):
         check_source(DataConfig(source="hf:/nonexistent/dataset"))

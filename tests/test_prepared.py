@@ -40,10 +40,23 @@ def own_cache(tmp_path, monkeypatch):
     return d
 
 
-@pytest.mark.parametrize("which", ["stdlib-bytes", "path-bpe"])
+def _hf_dir(root, n=300):
+    """The documents of _corpus as a dataset directory (train.jsonl, a `text` column), read through hf:."""
+    import json
+
+    root.mkdir(parents=True)
+    docs = [p.read_text() for p in sorted(_corpus(root / "txt", n=n).glob("*.txt"))]
+    (root / "ds").mkdir()
+    (root / "ds" / "train.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    return root / "ds"
+
+
+@pytest.mark.parametrize("which", ["stdlib-bytes", "path-bpe", "hf-bpe"])
 def test_prepared_streams_are_todays_tokens(tmp_path, own_cache, which):
     cfg = (DataConfig() if which == "stdlib-bytes" else
-           DataConfig(source=f"path:{_corpus(tmp_path / 'c')}/*.txt", tokenizer="bpe", bpe_vocab_size=300))
+           DataConfig(source=f"path:{_corpus(tmp_path / 'c')}/*.txt", tokenizer="bpe", bpe_vocab_size=300)
+           if which == "path-bpe" else DataConfig(source=f"hf:{_hf_dir(tmp_path / 'h')}", tokenizer="bpe",
+                                                  bpe_vocab_size=300))
     p = prepare(cfg)
     corpus = load_corpus(cfg)
     tok = make_tokenizer(cfg, corpus)
@@ -57,7 +70,7 @@ def test_prepared_streams_are_todays_tokens(tmp_path, own_cache, which):
         assert p.manifest["tokens"][split] == len(p.streams[split])
         assert p.manifest["documents"][split] == len(docs)
     assert p.manifest["duplicates_removed"] == corpus.meta["duplicates_removed"]
-    if which == "path-bpe":  # the tokenizer travels with the data: same ids, same special tokens
+    if which != "stdlib-bytes":  # the tokenizer travels with the data: same ids, same special tokens
         assert p.tokenizer.fingerprint() == tok.fingerprint()
         assert (p.tokenizer.pad_id, p.tokenizer.mask_id, p.tokenizer.eos_id) == (tok.pad_id, tok.mask_id, tok.eos_id)
         text = "alpha beta gamma epsilon"
