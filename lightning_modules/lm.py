@@ -13,6 +13,15 @@ import pytorch_lightning as pl
 import torch
 
 from .config import EOS_ID, PAD_ID, ModelConfig, TrainConfig
+from .metric_names import (
+    TRAIN_GRAD_NORM,
+    TRAIN_LOSS,
+    TRAIN_LR,
+    TRAIN_PPL,
+    TRAIN_TOKENS_PER_S,
+    VAL_LOSS,
+    VAL_PPL,
+)
 from .models import build_model, count_parameters, model_config_of, token_losses
 
 
@@ -164,21 +173,21 @@ class HeadroomLM(pl.LightningModule):
             loss = s.sum() * world / sums[1].clamp_min(1)
             shown = sums[0] / sums[1].clamp_min(1)
         self.last_train_loss = float(shown)
-        self.log("train/loss", shown, on_step=True, prog_bar=True)
-        self.log("train/ppl", torch.exp(shown.clamp(max=50.0)), on_step=True)
+        self.log(TRAIN_LOSS, shown, on_step=True, prog_bar=True)
+        self.log(TRAIN_PPL, torch.exp(shown.clamp(max=50.0)), on_step=True)
         return loss
 
     def on_before_optimizer_step(self, optimizer):
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if grads:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-            self.log("train/grad_norm", norm, on_step=True)
-        self.log("train/lr", optimizer.param_groups[0]["lr"], on_step=True)
+            self.log(TRAIN_GRAD_NORM, norm, on_step=True)
+        self.log(TRAIN_LR, optimizer.param_groups[0]["lr"], on_step=True)
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         if self._t0 is not None:
             dt = time.perf_counter() - self._t0
-            self.log("train/tokens_per_s", batch["input_ids"].numel() / max(dt, 1e-9), on_step=True)
+            self.log(TRAIN_TOKENS_PER_S, batch["input_ids"].numel() / max(dt, 1e-9), on_step=True)
 
     # ---- validation
     def on_validation_epoch_start(self):
@@ -195,8 +204,8 @@ class HeadroomLM(pl.LightningModule):
                                              reduce_op="sum")
             self._val = [float(t[0]), int(t[1])]
         loss = self._val[0] / max(self._val[1], 1)
-        self.log("val/loss", loss, prog_bar=True)
-        self.log("val/ppl", math.exp(min(loss, 50.0)))
+        self.log(VAL_LOSS, loss, prog_bar=True)
+        self.log(VAL_PPL, math.exp(min(loss, 50.0)))
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         """Clip by global norm, as Lightning does, also for a fused AdamW under bf16-mixed: Lightning refuses any

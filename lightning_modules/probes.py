@@ -24,6 +24,7 @@ from pytorch_lightning.callbacks import Callback
 
 from .config import prunable_fraction
 from .families import family_of
+from .metric_names import PROBE_PRUNABLE, PROBE_REDUNDANCY, PROBE_SPREAD, probe_layer
 from .prune_plan import DEFAULT_TOLERANCE
 from .pruning import prune_curve
 from .scoring import default_loss, score_heads
@@ -140,12 +141,11 @@ class ProbeCallback(Callback):
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             calib, val = self._data(trainer)
             imp = importance_probe(model, calib, val, self.method, self.tolerance, self.seed)
-            rows = [["probe/prunable_fraction", step, imp["prunable_fraction"]],
-                    ["probe/importance_spread", step, imp["spread"]]]
+            rows = [[PROBE_PRUNABLE, step, imp["prunable_fraction"]], [PROBE_SPREAD, step, imp["spread"]]]
             if self.redundancy:
                 per_layer = [mean_off_diagonal(m) for m in head_redundancy(model, val)]
-                rows.append(["probe/redundancy", step, sum(per_layer) / len(per_layer)])
-                rows += [[f"probe/redundancy/layer{l}", step, v] for l, v in enumerate(per_layer)]
+                rows.append([PROBE_REDUNDANCY, step, sum(per_layer) / len(per_layer)])
+                rows += [[probe_layer(PROBE_REDUNDANCY, l), step, v] for l, v in enumerate(per_layer)]
         self.seconds += time.perf_counter() - t0
         self.sink(rows)
 

@@ -41,7 +41,9 @@ class Axis:
     `from_tag` reads the tag's text back (the value when the tag says "none" or is absent: `default`).
     `key`: "always" (the unit's serialised field is hashed), "when_set" (hashed only when it differs from
     `default`, so the units of sweeps that predate the axis keep their keys) or "derived" (never hashed: other
-    fields decide it). `sweep_field`: where a sweep file sets it ("" when the plan derives it)."""
+    fields decide it). `sweep_field`: where a sweep file sets it ("" when the plan derives it). `groups`: the
+    report's comparisons pool runs that share it (a pruned arm's cell and its controls are grouped by every such
+    axis, in declaration order; the seed pairs them)."""
 
     name: str
     sweep_field: str
@@ -51,6 +53,7 @@ class Axis:
     from_tag: Callable[[str], object] = _text
     key: str = "always"
     get: Callable | None = None
+    groups: bool = False
 
     @property
     def tag_name(self) -> str:
@@ -67,13 +70,13 @@ class Axis:
 AXES: tuple[Axis, ...] = (
     Axis("stage", ""),  # lr_search | train | prune | controls (a global prune's controls train in "train" units)
     Axis("arm", "controls"),
-    Axis("scale", "scales"),
-    Axis("family", "family"),
+    Axis("scale", "scales", groups=True),  # the report's scale is the cell: with its budget when a scale lists several
+    Axis("family", "family", groups=True),
     Axis("heads", "scales.<scale>.heads"),
-    Axis("method", "prune.methods"),
-    Axis("ratio", "prune.ratios", None, to_tag=_num_or_none, from_tag=_float(None)),
-    Axis("scope", "prune.scope"),
-    Axis("schedule", "prune.schedule"),
+    Axis("ratio", "prune.ratios", None, to_tag=_num_or_none, from_tag=_float(None), groups=True),
+    Axis("method", "prune.methods", groups=True),
+    Axis("scope", "prune.scope", groups=True),
+    Axis("schedule", "prune.schedule", groups=True),
     Axis("seed", "seeds", 0, from_tag=int),
     Axis("key", "", key="derived"),
     # the dense budget T of a scale that lists several (None: one); its tag keeps its first name
@@ -85,13 +88,15 @@ AXES: tuple[Axis, ...] = (
     # the recovery budget F: a prune unit's own; a budget-matched control's when the sweep lists several F ("none":
     # it stands for every F). Its key: hashed when set (a single F, as before the axis, adds nothing)
     Axis("finetune_steps", "prune.finetune_steps", None, to_tag=_int_or_none, from_tag=_int_or(None),
-         key="when_set", get=lambda u: u.prune.finetune_steps if u.stage == "prune" else u.finetune_steps),
+         key="when_set", get=lambda u: u.prune.finetune_steps if u.stage == "prune" else u.finetune_steps,
+         groups=True),
     # the recovery objective (lm | distill) of a prune unit, or of the pruned arm a control's budget is matched to
-    Axis("recovery", "prune.recovery", "lm", key="when_set",
+    Axis("recovery", "prune.recovery", "lm", key="when_set", groups=True,
          get=lambda u: u.recovery if u.stage == "prune" or u.finetune_steps is not None or u.recovery != "lm"
          else NONE),
 )
 BY_NAME = {a.name: a for a in AXES}
+GROUPED = tuple(a.name for a in AXES if a.groups)  # what the report's comparisons group by (report/analysis.py)
 
 
 def tags_of(unit) -> dict[str, str]:

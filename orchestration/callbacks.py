@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pytorch_lightning.callbacks import Callback
 
+from . import metrics as M
 from .plan import HISTORY, LIGHTNING_FILE
 
 FAULT_PAUSE_S = 3.0
@@ -31,8 +32,8 @@ class StepHistory(Callback):
         if self.start_step is None:
             self.start_step = step - 1
         # the global batch's loss (data-parallel: all ranks', not this rank's share)
-        self.rows.append(["train/loss", step, float(pl_module.last_train_loss)])
-        self.rows.append(["train/lr", step, float(trainer.optimizers[0].param_groups[0]["lr"])])
+        self.rows.append([M.TRAIN_LOSS, step, float(pl_module.last_train_loss)])
+        self.rows.append([M.TRAIN_LR, step, float(trainer.optimizers[0].param_groups[0]["lr"])])
         if self.fault and step == self.fault["step"]:
             _fault(self.fault)
 
@@ -69,11 +70,11 @@ class ReportAtValidation(Callback):
         self.last_step, self.last_val = -1, (float("nan"), float("nan"))
 
     def on_validation_end(self, trainer, pl_module):
-        if trainer.sanity_checking or "val/loss" not in trainer.callback_metrics:
+        if trainer.sanity_checking or M.VAL_LOSS not in trainer.callback_metrics:
             return
         self.last_step = int(trainer.global_step)
-        self.last_val = (float(trainer.callback_metrics["val/loss"]), float(trainer.callback_metrics["val/ppl"]))
-        report = {"step": self.last_step, "val/loss": self.last_val[0], "val/ppl": self.last_val[1],
+        self.last_val = (float(trainer.callback_metrics[M.VAL_LOSS]), float(trainer.callback_metrics[M.VAL_PPL]))
+        report = {"step": self.last_step, M.VAL_LOSS: self.last_val[0], M.VAL_PPL: self.last_val[1],
                   HISTORY: self.history.take()}
         if not self.save_checkpoints:
             self.report(report)

@@ -7,10 +7,26 @@ reader names a metric through these functions, so a writer and its readers canno
                                       (the physically pruned model before recovery); split: id, shift, val, ...
     curve/<split>/r<ratio>            the mask-only prune curve
     pre_ft_random/<split>/loss|draw<k>  the random method as a distribution: several draws
-    cost/<kind>                       seconds and steps of a unit (cost/recovery_steps: what Scratch-B counts)
+    cost/<kind>                       seconds and steps of a unit (cost/recovery_steps: what Scratch-B counts;
+                                      cost/cpu_s, gpu_s, wall_s, work_s: what the sweep's tracker adds)
+    finetune/lr, eval/<split>/windows_excluded, latency_ms/<kind>
+    train/loss, val/loss, probe/...   logged by training itself (lightning_modules/metric_names.py)
 """
 
 from __future__ import annotations
+
+from lightning_modules.metric_names import (  # noqa: F401 - what training logs, named here with the rest
+    PROBE,
+    PROBE_PRUNABLE,
+    PROBE_REDUNDANCY,
+    PROBE_SPREAD,
+    TRAIN_LOSS,
+    TRAIN_LR,
+    TRAIN_PPL,
+    VAL_LOSS,
+    VAL_PPL,
+    probe_layer,
+)
 
 FINAL, PRE_FT, DENSE, NO_FT = "final", "pre_ft", "dense", "no_ft"
 RANDOM = "pre_ft_random"
@@ -51,6 +67,19 @@ def eval_splits(metrics: dict) -> set[str]:
     return {k.split("/")[1] for k in metrics if k.startswith(f"{FINAL}/") and k.endswith("/loss")}
 
 
+FINETUNE_LR = "finetune/lr"  # a prune run's recovery rate (chosen on val from the grid, or the sweep's)
+
+
+def finetune_val_loss(lr) -> str:
+    """The validation loss of the recovery fine-tune at one candidate rate of the grid."""
+    return f"finetune/val_loss/lr{lr}"
+
+
+def windows_excluded(split: str) -> str:
+    """Eval windows of a split its cleaning left out (they overlap training text)."""
+    return f"eval/{split}/windows_excluded"
+
+
 WORK_KINDS = ("train_s", "eval_s", "score_s")  # cost/<kind>: seconds of a unit in training, evaluation, scoring
 
 
@@ -68,7 +97,7 @@ def flatten_train(m: dict, passthrough: tuple[str, ...]) -> dict:
         out[ppl(FINAL, split)] = v["ppl"]
         out[tokens(FINAL, split)] = v["tokens"]
     for split, v in m.get("eval_windows", {}).items():
-        out[f"eval/{split}/windows_excluded"] = v["excluded"]
+        out[windows_excluded(split)] = v["excluded"]
     out.update({k: m[k] for k in passthrough if k in m})
     return out
 
@@ -101,9 +130,9 @@ def flatten_prune(m: dict, eval_sets: list[str], recovery_steps: int) -> dict:
     flat[cost("recovery_steps")] = recovery_steps
     ft = m["finetune"]
     if ft["lr"] is not None:  # the recovery fine-tune's rate (chosen on val from the grid, or the sweep's)
-        flat["finetune/lr"] = ft["lr"]
+        flat[FINETUNE_LR] = ft["lr"]
         for lr, v in ft["grid"].items():
-            flat[f"finetune/val_loss/lr{lr}"] = v
+            flat[finetune_val_loss(lr)] = v
     for kind, ms in m["latency_ms"].items():
         flat[f"latency_ms/{kind}"] = ms
     for row in m["prune_curve"]:  # one metric per (eval set, ratio): MLflow's chart view

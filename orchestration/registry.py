@@ -18,6 +18,8 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
+from . import metrics as M
+
 MODEL_NAME = "pruned_model"  # the logged model's name (its artifact path in the run)
 LOGGED = "headroom.model"  # child tag: the logged model's URI, or why none was logged
 REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors")
@@ -84,14 +86,13 @@ def register_primary(rep, tracking_uri: str, say=print) -> list[tuple[str, str]]
 
     from lightning_modules.arms import label as arm_label
 
-    from .report.analysis import PRIMARY
+    from .report.analysis import PRIMARY, is_primary
 
     client = MlflowClient(tracking_uri)
     out, skipped = [], 0
     dense = {(r.scale, r.family, r.seed): r for r in rep.data.runs if r.arm == "dense"}
     for r in rep.data.runs:
-        if r.arm != "pruned" or (r.method, r.scope, r.schedule, r.prune_at) != (
-                PRIMARY["method"], PRIMARY["scope"], PRIMARY["schedule"], 1.0):
+        if r.arm != "pruned" or not is_primary(r, "method", "scope", "schedule") or r.prune_at != 1.0:
             continue
         uri = r.tags.get(LOGGED, "")
         if not uri.startswith("models:/"):
@@ -103,11 +104,11 @@ def register_primary(rep, tracking_uri: str, say=print) -> list[tuple[str, str]]
             out.append((name, have[0].version))
             continue
         d = dense.get((r.scale, r.family, r.seed))
-        split = "id" if "final/id/loss" in r.metrics else "val"
+        split = "id" if M.loss(M.FINAL, "id") in r.metrics else "val"
+        key = M.loss(M.FINAL, split)
         tags = {"headroom.verdict": rep.headline(r.scale, r.family), "headroom.seed": str(r.seed),
-                "headroom.pruned_loss": f"{r.metrics.get(f'final/{split}/loss', float('nan')):.4f}",
-                "headroom.dense_loss": (f"{d.metrics[f'final/{split}/loss']:.4f}"
-                                        if d and f"final/{split}/loss" in d.metrics else "none"),
+                "headroom.pruned_loss": f"{r.metrics.get(key, float('nan')):.4f}",
+                "headroom.dense_loss": f"{d.metrics[key]:.4f}" if d and key in d.metrics else "none",
                 "headroom.run_id": r.run_id}
         for c in rep.primary():
             if (c.scale, c.family, c.ratio) == (r.scale, r.family, r.ratio):

@@ -27,6 +27,7 @@ from lightning_modules.checkpoints import checkpoint_info
 from lightning_modules.config import HeadroomInputError
 from lightning_modules.prepared import DataIdentity, data_identity, prepare
 
+from . import metrics as M
 from .plan import (
     Unit,
     arch_key,
@@ -163,9 +164,9 @@ class Sweeper:
             if remaining > 0:
                 t = base.train
                 reports = math.ceil(t.steps / t.val_every) + 1
-                searcher = OptunaSearch(metric="val/loss", mode="min", study_name=study_name, storage=storage,
+                searcher = OptunaSearch(metric=M.VAL_LOSS, mode="min", study_name=study_name, storage=storage,
                                         sampler=optuna.samplers.TPESampler(seed=s.seed + len(complete)))
-                sched = ASHAScheduler(time_attr="training_iteration", metric="val/loss", mode="min",
+                sched = ASHAScheduler(time_attr="training_iteration", metric=M.VAL_LOSS, mode="min",
                                       max_t=reports, grace_period=s.grace_period, reduction_factor=2)
                 tc = tune.TuneConfig(search_alg=searcher, scheduler=sched, num_samples=remaining)
                 self._tune(f"lr-{scale}-{family}-{arch}", train_trial, {"lr": tune.loguniform(s.low, s.high)},

@@ -10,6 +10,8 @@ from . import metrics as M
 from .axes import BY_NAME, read_tags
 from .plan import WORK_KINDS, cell_label, scale_rank
 
+WALL = M.cost("wall_s")  # a trial's seconds, as its tracker logged them
+
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
     """(first quartile, median, third quartile), linear interpolation between order statistics (numpy's default
@@ -22,7 +24,7 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
 
 def has_timing(metrics: dict) -> bool:
     """Whether a run recorded where its trial's seconds went (lr candidates ASHA stopped early did not)."""
-    return "cost/train_s" in metrics and bool(metrics.get("cost/wall_s"))
+    return M.cost("train_s") in metrics and bool(metrics.get(WALL))
 
 
 def compute_share(metrics: list[dict]) -> dict | None:
@@ -33,10 +35,10 @@ def compute_share(metrics: list[dict]) -> dict | None:
     timed = [m for m in metrics if has_timing(m)]
     if not timed:
         return None
-    shares = [sum(m.get(M.cost(k), 0.0) for k in WORK_KINDS) / m["cost/wall_s"] for m in timed]
+    shares = [sum(m.get(M.cost(k), 0.0) for k in WORK_KINDS) / m[WALL] for m in timed]
     q1, med, q3 = quartiles(shares)
-    wall = sum(m["cost/wall_s"] for m in timed)
-    by = {k: statistics.median(m.get(M.cost(k), 0.0) / m["cost/wall_s"] for m in timed) for k in WORK_KINDS}
+    wall = sum(m[WALL] for m in timed)
+    by = {k: statistics.median(m.get(M.cost(k), 0.0) / m[WALL] for m in timed) for k in WORK_KINDS}
     pooled = sum(sum(m.get(M.cost(k), 0.0) for k in WORK_KINDS) for m in timed) / wall
     return {"share": med, "iqr": [q1, q3], **by, "pooled": pooled, "trial_s": wall, "trials": len(timed),
             "shares": shares}
@@ -46,8 +48,8 @@ def trial_seconds(runs: list) -> dict[str, dict]:
     """Per stage: {"median", "iqr", "trials"} of its trials' seconds (cost/wall_s)."""
     by: dict[str, list[float]] = {}
     for r in runs:
-        if r.data.metrics.get("cost/wall_s"):
-            by.setdefault(r.data.tags.get("headroom.stage", "?"), []).append(r.data.metrics["cost/wall_s"])
+        if r.data.metrics.get(WALL):
+            by.setdefault(r.data.tags.get("headroom.stage", "?"), []).append(r.data.metrics[WALL])
     out = {}
     for stage, v in by.items():
         q1, med, q3 = quartiles(v)
@@ -81,7 +83,7 @@ def loss_table(sweep_name: str, runs: list) -> str:
             arm += f" F{v['finetune_steps']}"  # the recovery budget, when the sweep has several
         if v["recovery"] == "distill":
             arm += " kd"
-        for r in [ratio_text(v["ratio"])] if arm not in ("dense", "dense_half") else pruned_ratios:  # every ratio
+        for r in [ratio_text(v["ratio"])] if v["ratio"] is not None else pruned_ratios:  # a dense run: every ratio
             rows.setdefault((cell_label(v["scale"], v["budget"]), v["family"], r, split), {}).setdefault(
                 arm, []).append(loss)
     if not rows:

@@ -25,6 +25,7 @@ from pathlib import Path
 from mlflow.entities import LoggedModelStatus, Metric, Param, RunStatus, RunTag
 from ray.tune import Callback
 
+from . import metrics as M
 from .artifacts import RUN_ARTIFACTS
 from .ddp import CHECKPOINT_KEY, checkpoint_uri
 from .plan import DONE, EVAL_PARAMS, HISTORY, KEPT, RESUMED, WORK, Unit
@@ -33,7 +34,7 @@ from .runstore import mlflow_client, search_runs
 PACKAGES = ("headroom", "torch", "transformers", "pytorch-lightning", "ray", "mlflow", "optuna", "datasets")
 FINISHED = RunStatus.to_string(RunStatus.FINISHED)
 RUNNING = RunStatus.to_string(RunStatus.RUNNING)
-STEPPED = ("train/loss", "train/lr", "val/loss", "val/ppl")
+STEPPED = (M.TRAIN_LOSS, M.TRAIN_LR, M.VAL_LOSS, M.VAL_PPL)
 NOTE = "mlflow.note.content"  # the description the MLflow UI shows on an experiment's or a run's page
 # MLflow 3's experiment kind "model training" (MLflow 3.17's UI does not read it to choose its pages: see ui_link)
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
@@ -297,8 +298,8 @@ class TrackingCallback(Callback):
         unit, run_id = got
         rows = [tuple(r) for r in json.loads(result.get(HISTORY) or "[]")]
         step = int(result.get("step", 0))
-        if "val/loss" in result:
-            rows += [("val/loss", step, result["val/loss"]), ("val/ppl", step, result["val/ppl"])]
+        if M.VAL_LOSS in result:
+            rows += [(M.VAL_LOSS, step, result[M.VAL_LOSS]), (M.VAL_PPL, step, result[M.VAL_PPL])]
         self.tracker.log_stepped(run_id, rows)
         if result.get(CHECKPOINT_KEY):  # a data-parallel trial's checkpoint, persisted by Ray Train
             self.tracker.set_tags(run_id, {"headroom.checkpoint": result[CHECKPOINT_KEY]})
@@ -310,11 +311,11 @@ class TrackingCallback(Callback):
                            if k in result})
             seconds = float(result.get("time_total_s", 0.0))
             r = self.resources_of(unit)
-            values["cost/cpu_s"] = seconds * r["cpu"] * r["workers"]
-            values["cost/gpu_s"] = seconds * r["gpu"] * r["workers"]
-            values["cost/wall_s"] = seconds
+            values[M.cost("cpu_s")] = seconds * r["cpu"] * r["workers"]
+            values[M.cost("gpu_s")] = seconds * r["gpu"] * r["workers"]
+            values[M.cost("wall_s")] = seconds
             if WORK in result:
-                values["cost/work_s"] = float(result[WORK])
+                values[M.cost("work_s")] = float(result[WORK])
             self.tracker.log_values(run_id, values, step=step)
             self.tracker.log_params(run_id, {k: str(result[k]) for k in EVAL_PARAMS if k in result})
             if result.get(KEPT):
@@ -351,7 +352,8 @@ class TrackingCallback(Callback):
         self.tracker.finish(unit.key, run_id)
         self.completed.append(unit)
         r = trial.last_result or {}
-        loss = next((f"{k} {r[k]:.4f}" for k in ("final/id/loss", "final/val/loss", "val/loss") if k in r), "")
+        loss = next((f"{k} {r[k]:.4f}" for k in (M.loss(M.FINAL, "id"), M.loss(M.FINAL, "val"), M.VAL_LOSS)
+                     if k in r), "")
         early = "" if r.get(DONE) else " (stopped early by ASHA)"
         done, took = len(self.completed), time.time() - self.started
         left = f"; about {_duration(took / done * (self.total - done))} left" if done < self.total else ""

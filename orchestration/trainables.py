@@ -169,7 +169,7 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
             t = unit.train
             v = evaluate(result.lm.model, result.data.loader("val", t.val_batches))
             report.last_val = (v["loss"], v["ppl"])
-        final.update({"val/loss": report.last_val[0], "val/ppl": report.last_val[1]})
+        final.update({metric_names.VAL_LOSS: report.last_val[0], metric_names.VAL_PPL: report.last_val[1]})
         session.report(final)
         return
     out = work / "final"

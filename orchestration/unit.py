@@ -86,7 +86,7 @@ class Unit:
     crosses the Ray boundary, what its key hashes, what a prune trial's metrics.json records."""
 
     stage: str  # lr_search | train | prune
-    arm: str  # dense | dense_half | pruned | scratch_e | scratch_b | wide
+    arm: str  # a name of ARMS (lightning_modules/arms.py); an lr_search unit: the arm whose rate it searches
     scale: str
     family: str
     seed: int

@@ -5,12 +5,14 @@ on val. Statistics are orchestration/report/stats.py's; this module only groups 
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+import functools
+from collections import defaultdict, namedtuple
 
 from lightning_modules.arms import ARMS, control_names
 from lightning_modules.config import prunable_fraction, within_tolerance
 
 from .. import metrics as M
+from ..axes import GROUPED
 from ..plan import scale_rank
 from .read import Run, Windows
 from .rows import Comparison, CurvePoint, Prunable
@@ -20,9 +22,14 @@ PRIMARY = {"method": "gradient", "scope": "per_layer", "schedule": "one_shot", "
 
 
 def is_primary(row, *fields: str) -> bool:
-    """Whether a row (a comparison, a prunable row, a curve point) has the primary comparison's value of each of
-    `fields` (default: every field of PRIMARY the row has). The primary comparison is declared once, above."""
-    return all(getattr(row, k) == PRIMARY[k] for k in (fields or [k for k in PRIMARY if hasattr(row, k)]))
+    """Whether a row (a comparison, a prunable row, a curve point, a run) has the primary comparison's value of
+    each of `fields` (default: every field of PRIMARY the row has). The primary comparison is declared once, above."""
+    return primary_values(**{k: getattr(row, k) for k in (fields or [k for k in PRIMARY if hasattr(row, k)])})
+
+
+def primary_values(**values) -> bool:
+    """Whether these values (method=..., scope=..., schedule=..., eval_set=...) are the primary comparison's."""
+    return all(v == PRIMARY[k] for k, v in values.items())
 
 
 # ------------------------------------------------------------------------------------------------ grouping
@@ -47,9 +54,10 @@ def by_seed(runs: list[Run], axes: tuple[str, ...]) -> dict:
     """Runs grouped by the named axes (orchestration/axes.py; `scale` is the cell, budget included), then by seed:
     {(values of axes): {seed: run}}. Two runs that share every named axis and the seed would overwrite each other —
     the grouping left out an axis they differ on — so that raises, naming both, instead of dropping one."""
+    key = _key_type(axes)
     groups = defaultdict(dict)
     for r in runs:
-        g = groups[tuple(getattr(r, a) for a in axes)]
+        g = groups[key(*(getattr(r, a) for a in axes))]
         if r.seed in g:
             raise ValueError(f"runs {g[r.seed].name} and {r.name} share {', '.join(axes)} and seed {r.seed}: the "
                              "report's grouping leaves out an axis they differ on")
@@ -57,7 +65,13 @@ def by_seed(runs: list[Run], axes: tuple[str, ...]) -> dict:
     return groups
 
 
-PRUNED_AXES = ("scale", "family", "ratio", "method", "scope", "schedule", "finetune_steps", "recovery")
+@functools.cache
+def _key_type(axes: tuple[str, ...]):
+    """A group's key: a named tuple of the axes' values (read by name, so a new grouped axis shifts nothing)."""
+    return namedtuple("Group", axes)
+
+
+PRUNED_AXES = GROUPED  # scale, family, ratio, method, scope, schedule, finetune_steps, recovery (orchestration/axes.py)
 
 
 def pruned_groups(runs: list[Run]) -> dict:
@@ -97,18 +111,15 @@ def _window_diffs(pw: list[dict | None], cw: list[dict | None]) -> tuple[list[li
 
 def controls_of(controls: dict, arm: str, key: tuple) -> dict:
     """The control runs `arm` pairs with the pruned group `key` (PRUNED_AXES), by seed."""
-    scale, family, ratio, method, scope, schedule, ft, rec = key
     a = ARMS[arm]
-    if scope == "per_layer" or not a.for_global:  # a uniform shape (wide) stands for every scope
-        where = (arm, scale, family, ratio, "none", "per_layer", "none")
-    else:
-        where = (arm, scale, family, ratio, method, scope, schedule)  # a global prune's own
+    if key.scope == "per_layer" or not a.for_global:  # a uniform shape (wide) stands for every scope
+        key = key._replace(method="none", scope="per_layer", schedule="none")  # (else: a global prune's own)
     if not a.per_recovery:  # its budget is the dense run's: it stands for every recovery
-        return controls.get((*where, None, "lm"), {})
-    if rec not in a.recoveries:
+        return controls.get((arm, *key._replace(finetune_steps=None, recovery="lm")), {})
+    if key.recovery not in a.recoveries:
         return {}
     # matched to this F and objective (F None: the sweep had one F, the control stands for it)
-    return controls.get((*where, ft, rec)) or controls.get((*where, None, rec), {})
+    return controls.get((arm, *key)) or controls.get((arm, *key._replace(finetune_steps=None)), {})
 
 
 def primary_recovery(runs: list[Run], spec=None) -> tuple[int, str]:
@@ -155,7 +166,8 @@ def comparisons(runs: list[Run], windows: Windows | None = None,
     main = main or primary_recovery(runs)
     out = []
     for key, by_seed in by_scale(pruned_groups(runs)):
-        scale, family, ratio, method, scope, schedule, _, rec = key
+        scale, family, ratio, method, scope, schedule, rec = (key.scale, key.family, key.ratio, key.method, key.scope,
+                                                              key.schedule, key.recovery)
         first = by_seed[min(by_seed)]
         ft = first.finetune_steps or 0
         is_main = (ft, rec) == main
@@ -180,8 +192,7 @@ def comparisons(runs: list[Run], windows: Windows | None = None,
                         scale=scale, family=family, ratio=ratio, heads_dense=_heads(first.tag("heads")),
                         heads_kept=_heads(first.tag("kept")), method=method, scope=scope, schedule=schedule,
                         finetune_steps=steps, control=arm, eval_set=ev,
-                        primary=(method, scope, schedule, ev) == (PRIMARY["method"], PRIMARY["scope"],
-                                                                  PRIMARY["schedule"], PRIMARY["eval_set"])
+                        primary=primary_values(method=method, scope=scope, schedule=schedule, eval_set=ev)
                         and steps == ft and is_main,
                         n_seeds=len(paired_seeds),
                         dense_loss=mean([by_seed[s].metrics[M.loss(M.DENSE, ev)] for s in paired_seeds]),

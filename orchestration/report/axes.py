@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lightning_modules.arms import ARMS
 from lightning_modules.arms import label as arm_label
 
 from . import plots
@@ -148,9 +149,9 @@ def recovery_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
           f"steps {how}. A budget's gap has a sign (+: pruning better, −: the control better) when its interval "
           "at the Bonferroni level 1 − 0.05/k over the k budgets excludes 0; a change of sign is stated only "
           "between two budgets whose signs are both established and opposite.")
-    if any(c.control == "scratch_kd" for c in rep.recovery):
-        doc.p("Scratch-KD's budget includes the dense training the pruned arm spent, and that training also made "
-              "the teacher Scratch-KD learns from, unpaid a second time: the match favours Scratch-KD. A gap in its "
+    for taught in dict.fromkeys(arm_label(c.control) for c in rep.recovery if ARMS[c.control].teacher):
+        doc.p(f"{taught}'s budget includes the dense training the pruned arm spent, and that training also made "
+              f"the teacher {taught} learns from, unpaid a second time: the match favours {taught}. A gap in its "
               "favour may be that margin; one in the pruned arm's favour holds against more than equal compute.")
     for scale, family in sorted({(c.scale, c.family) for c in rep.recovery}):
         rows = [c for c in rep.recovery if (c.scale, c.family) == (scale, family)]

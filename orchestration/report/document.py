@@ -144,8 +144,7 @@ def _replication(doc: Doc, rep: Report, pg: _Page) -> None:
         rows = []
         by = defaultdict(dict)
         for c in rep.comparisons:
-            if (c.method, c.scope, c.schedule) == (PRIMARY["method"], PRIMARY["scope"],
-                                                           PRIMARY["schedule"]) and c.finetune_steps == pg.ft:
+            if is_primary(c, "method", "scope", "schedule") and c.finetune_steps == pg.ft:
                 by[(c.scale, c.family, c.ratio, c.control)][c.eval_set] = c
         agree = 0
         for k, per in sorted(by.items()):

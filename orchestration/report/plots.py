@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from lightning_modules.arms import label as arm_label
+from lightning_modules.metric_names import PROBE_PRUNABLE, PROBE_SPREAD
 
 
 def _plt():
@@ -147,7 +148,7 @@ def probes_plot(probes: dict, path: str | Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=120)
     cmap = plt.get_cmap("tab10")
     for i, ((scale, family), series) in enumerate(probes.items()):  # in the caller's (scale) order
-        for ax, metric in zip(axes, ("probe/prunable_fraction", "probe/importance_spread")):
+        for ax, metric in zip(axes, (PROBE_PRUNABLE, PROBE_SPREAD)):
             if series.get(metric):
                 _band(ax, series[metric], cmap(i), f"{scale} {family}")
     axes[0].set_ylabel("prunable fraction (mask only, val)")

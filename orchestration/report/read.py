@@ -14,6 +14,7 @@ from pathlib import Path
 
 from lightning_modules.config import HeadroomInputError
 
+from .. import metrics as M
 from ..axes import read_tags
 from ..plan import cell_label, expected_names
 from ..runstore import mlflow_client, search_runs
@@ -116,7 +117,7 @@ def load_sweep_runs(uri: str, sweep_name: str) -> SweepRuns:
                     missing)
     for r in done:
         if r.arm == "dense":  # probes and the training-loss curve (the `converged` diagnostic)
-            keys = [k for k in r.metrics if k.startswith("probe/")] + ["train/loss"]
+            keys = [k for k in r.metrics if k.startswith(M.PROBE)] + [M.TRAIN_LOSS]
             out.histories[r.run_id] = {k: sorted((m.step, m.value) for m in c.get_metric_history(r.run_id, k))
                                        for k in keys}
     return out

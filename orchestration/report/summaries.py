@@ -21,10 +21,10 @@ def costs(runs: list[Run]) -> list[Cost]:
     for r in runs:
         row = by[(r.scale, r.arm)]
         row["runs"] += 1
-        row["cpu_h"] += r.metrics.get("cost/cpu_s", 0.0) / 3600
-        row["gpu_h"] += r.metrics.get("cost/gpu_s", 0.0) / 3600
+        row["cpu_h"] += r.metrics.get(M.cost("cpu_s"), 0.0) / 3600
+        row["gpu_h"] += r.metrics.get(M.cost("gpu_s"), 0.0) / 3600
         row["work_s"] += sum(r.metrics.get(M.cost(k), 0.0) for k in WORK_KINDS)
-        row["wall_s"] += r.metrics.get("cost/wall_s", 0.0)
+        row["wall_s"] += r.metrics.get(M.cost("wall_s"), 0.0)
     return [Cost(s, a, v["runs"], v["cpu_h"], v["gpu_h"], v["work_s"], v["wall_s"],
                  v["work_s"] / v["wall_s"] if v["wall_s"] else None) for (s, a), v in by_scale(by)]
 
@@ -34,7 +34,7 @@ def probes(data: SweepRuns) -> dict:
     out = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in data.runs:
         for metric, hist in data.histories.get(r.run_id, {}).items():
-            if metric.startswith("probe/"):
+            if metric.startswith(M.PROBE):
                 for step, v in hist:
                     out[(r.scale, r.family)][metric][int(step)].append(v)
     return dict(by_scale(out))
@@ -59,7 +59,7 @@ def probe_slack(probe_series: dict) -> list[ProbeSlack]:
     """Per (scale, family) with a prunable-fraction probe: its mean at init, its lowest after init, at the end."""
     out = []
     for (scale, family), by_metric in probe_series.items():
-        pf = by_metric.get("probe/prunable_fraction", {})
+        pf = by_metric.get(M.PROBE_PRUNABLE, {})
         if pf:
             steps = sorted(pf)
             means = {s: mean(pf[s]) for s in steps}
@@ -74,7 +74,7 @@ def redundancy(probe_series: dict) -> list[Redundancy]:
     """Per (scale, family) with a redundancy probe at init and at the end: the paired change over seeds."""
     out = []
     for (scale, family), by_metric in probe_series.items():
-        got = redundancy_change(by_metric.get("probe/redundancy", {}))
+        got = redundancy_change(by_metric.get(M.PROBE_REDUNDANCY, {}))
         if got is None:
             continue
         init, final = got
@@ -109,8 +109,8 @@ def learning_rates(runs: list[Run]) -> list[LearningRate]:
         if "lr" in r.params:
             row["lrs"].add(float(r.params["lr"]))
         row["sources"].add(r.params.get("lr_source", "unrecorded"))
-        if r.arm == "pruned" and "finetune/lr" in r.metrics:
-            row["ft"].add(r.metrics["finetune/lr"])
+        if r.arm == "pruned" and M.FINETUNE_LR in r.metrics:
+            row["ft"].add(r.metrics[M.FINETUNE_LR])
             row["ft_source"].add("sweep" if r.params.get("finetune_lr", "val-grid") != "val-grid"
                                  else f"val-grid {r.params.get('finetune_lr_grid', '')}")
     return [LearningRate(scale, family, arm, ratio, scope, arch, v["runs"], sorted(v["lrs"]), sorted(v["sources"]),
@@ -129,5 +129,5 @@ def evaluation_info(runs: list[Run]) -> list[EvalInfo]:
             parts = k.split("/")
             if len(parts) == 3 and parts[0] == "final" and parts[2] == "tokens":
                 by[(r.scale, r.family, parts[1])] = EvalInfo(
-                    r.scale, r.family, parts[1], int(v), int(r.metrics.get(f"eval/{parts[1]}/windows_excluded", 0)))
+                    r.scale, r.family, parts[1], int(v), int(r.metrics.get(M.windows_excluded(parts[1]), 0)))
     return [v for _, v in by_scale(by)]

@@ -40,7 +40,16 @@ from lightning_modules.arms import control_names
 
 from .. import metrics as M
 from ..plan import scale_rank, split_label
-from .analysis import PRIMARY, by_scale, control_runs, controls_of, mean, pruned_groups
+from .analysis import (
+    PRIMARY,
+    by_scale,
+    control_runs,
+    controls_of,
+    is_primary,
+    mean,
+    primary_values,
+    pruned_groups,
+)
 from .read import Run
 from .rows import Timing, Trend, TrendPoint
 from .stats import t_interval, verdict_of
@@ -75,7 +84,7 @@ def timing(runs: list[Run]) -> list[Timing]:
     key = M.loss(M.FINAL, ev)
     groups = defaultdict(lambda: defaultdict(dict))  # (scale, family, ratio, method) -> prune_at -> seed -> loss
     for r in runs:
-        if r.arm == "pruned" and (r.scope, r.schedule) == (PRIMARY["scope"], PRIMARY["schedule"]) and key in r.metrics:
+        if r.arm == "pruned" and is_primary(r, "scope", "schedule") and key in r.metrics:
             groups[(r.scale, r.family, r.ratio, r.method)][r.prune_at][r.seed] = r.metrics[key]
     dense = defaultdict(list)
     scratch = defaultdict(list)
@@ -137,7 +146,7 @@ def gap_points(runs: list[Run], exclude: frozenset = frozenset()) -> dict:
     out = defaultdict(list)
     for gkey, by_seed in by_scale(pruned_groups(runs)):
         scale, family, ratio, method, scope, schedule, *_ = gkey
-        if (method, scope, schedule) != (PRIMARY["method"], PRIMARY["scope"], PRIMARY["schedule"]):
+        if not primary_values(method=method, scope=scope, schedule=schedule):
             continue
         if (scale, family) in exclude:
             continue

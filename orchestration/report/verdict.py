@@ -20,6 +20,7 @@ from .analysis import (
     comparisons,
     is_primary,
     primary_recovery,
+    primary_values,
     prunable,
     prunable_fractions,
     prune_curves,
@@ -109,8 +110,8 @@ class Report:
         if missing:
             return "unverified: " + ", ".join(missing) + " could not run (the comparisons are in the tables; no " \
                    "verdict is stated on models whose training was not checked)"
-        h1 = [p for p in self.prunable if (p.scale, p.family, p.method, p.scope, p.schedule, p.eval_set) ==
-              (scale, family, PRIMARY["method"], PRIMARY["scope"], PRIMARY["schedule"], PRIMARY["eval_set"])]
+        h1 = [p for p in self.prunable if (p.scale, p.family) == (scale, family)
+              and is_primary(p, "method", "scope", "schedule", "eval_set")]
         rows = [c for c in self.primary() if (c.scale, c.family) == (scale, family)]
         if not h1:
             return "not tested (the primary comparison is not in this sweep)"
@@ -168,7 +169,7 @@ def headline_metrics(rep: Report) -> dict[str, float]:
         if c.ci95:
             out[f"{k}/ci_lo"], out[f"{k}/ci_hi"] = c.ci95
     for (scale, family, method, scope, schedule, ev), frac in rep.fractions.items():
-        if (scope, schedule) == (PRIMARY["scope"], PRIMARY["schedule"]):
+        if primary_values(scope=scope, schedule=schedule):
             out[f"prunable_fraction/{scale}/{family}/{method}/{ev}"] = frac
     return out
 
