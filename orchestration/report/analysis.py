@@ -15,7 +15,7 @@ from .. import metrics as M
 from ..axes import GROUPED
 from ..plan import scale_rank
 from .read import Run, Windows
-from .rows import Comparison, CurvePoint, Prunable
+from .rows import Comparison, CurvePoint, Prunable, Replication
 from .stats import ALPHA, holm, paired, t_interval, verdict_of
 
 PRIMARY = {"method": "gradient", "scope": "per_layer", "schedule": "one_shot", "eval_set": "id"}
@@ -313,3 +313,15 @@ def best_methods(runs: list[Run]) -> dict:
         if vals:
             by[(scale, family, ratio, scope, schedule)][method] = mean(vals)
     return {k: min(v.items(), key=lambda kv: kv[1]) for k, v in by.items()}
+
+
+def replication(comps: list[Comparison]) -> list[Replication]:
+    """The primary comparison (method, scope, schedule) at the largest recovery budget compared, per (cell,
+    family, ratio, control), on every eval set: do the verdicts agree? (Disagreement would make a verdict a
+    benchmark artifact.)"""
+    ft = max((c.finetune_steps for c in comps), default=0)
+    by = defaultdict(dict)
+    for c in comps:
+        if is_primary(c, "method", "scope", "schedule") and c.finetune_steps == ft:
+            by[(c.scale, c.family, c.ratio, c.control)][c.eval_set] = (c.verdict, c.diff_mean)
+    return [Replication(*k, per, len({v for v, _ in per.values()}) == 1) for k, per in sorted(by.items())]

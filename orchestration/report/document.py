@@ -4,7 +4,6 @@ into the output folder. The text says how every number was made; the numbers com
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,21 +140,12 @@ def _replication(doc: Doc, rep: Report, pg: _Page) -> None:
     if len(pg.sets) < 2:
         doc.p("Replication was not tested: the data source offers no shifted eval set.")
     else:
-        rows = []
-        by = defaultdict(dict)
-        for c in rep.comparisons:
-            if is_primary(c, "method", "scope", "schedule") and c.finetune_steps == pg.ft:
-                by[(c.scale, c.family, c.ratio, c.control)][c.eval_set] = c
-        agree = 0
-        for k, per in sorted(by.items()):
-            vs = [per[s].verdict if s in per else "—" for s in pg.sets]
-            same = len({v for v in vs if v != "—"}) == 1
-            agree += same
-            rows.append([k[0], k[1], fmt_ratio(k[2]), arm_label(k[3]),
-                         *[f"{per[s].verdict} ({per[s].diff_mean:+.4f})" if s in per else "—" for s in pg.sets],
-                         "yes" if same else "**no**"])
-        doc.p(f"The primary comparison on every eval set ({', '.join(pg.sets)}): the verdicts agree in {agree} of "
-              f"{len(rows)} case(s). Disagreement would make a verdict a benchmark artifact.")
+        rows = [[r.scale, r.family, fmt_ratio(r.ratio), arm_label(r.control),
+                 *[f"{r.per_set[s][0]} ({r.per_set[s][1]:+.4f})" if s in r.per_set else "—" for s in pg.sets],
+                 "yes" if r.agree else "**no**"] for r in rep.replication]
+        doc.p(f"The primary comparison on every eval set ({', '.join(pg.sets)}): the verdicts agree in "
+              f"{sum(r.agree for r in rep.replication)} of {len(rows)} case(s). Disagreement would make a verdict a "
+              "benchmark artifact.")
         doc.table(["scale", "family", "ratio", "control", *pg.sets, "agree"], rows)
 
 

@@ -257,3 +257,19 @@ class RecoveryTrend:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class Replication:
+    """Section 4: one primary comparison (cell, family, ratio, control) on every eval set — its verdict and mean
+    difference per set (a set without the comparison is absent) and whether the verdicts agree."""
+
+    scale: str
+    family: str
+    ratio: float
+    control: str
+    per_set: dict  # eval set -> (verdict, control − pruned mean)
+    agree: bool
+
+    def to_json(self) -> dict:
+        return asdict(self)

@@ -21,6 +21,7 @@ from .analysis import (
     is_primary,
     primary_recovery,
     primary_values,
+    replication,
     prunable,
     prunable_fractions,
     prune_curves,
@@ -39,6 +40,7 @@ from .rows import (
     Prunable,
     RecoveryTrend,
     Redundancy,
+    Replication,
     Timing,
     Trend,
 )
@@ -73,6 +75,7 @@ class Report:
     recovery: list[Comparison] = field(default_factory=list)
     recovery_trends: list[RecoveryTrend] = field(default_factory=list)
     primary_recovery: tuple[int, str] = (0, "lm")
+    replication: list[Replication] = field(default_factory=list)  # section 4 (not in verdict.json)
 
     def verdict_json(self) -> dict:
         return {"sweep": self.data.sweep, "spec_hash": self.data.spec_hash,
@@ -157,7 +160,8 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
                   probes=probe_series, slack=probe_slack(probe_series), redundancy=redundancy(probe_series),
                   diagnostics=diags, learning_rates=learning_rates(every),
                   evaluation=evaluation_info(runs), timing=timing(runs), trends=trends(runs, failed, shaky),
-                  recovery=rec_rows, recovery_trends=sign_changes(rec_rows), primary_recovery=main)
+                  recovery=rec_rows, recovery_trends=sign_changes(rec_rows), primary_recovery=main,
+                  replication=replication(comps))
 
 
 def headline_metrics(rep: Report) -> dict[str, float]:
