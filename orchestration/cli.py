@@ -160,6 +160,10 @@ def _add_sweep(sub) -> None:
                         "arm, heads, head_dim, lr, steps, tokens, params, FLOPs, estimated cost) and exit; "
                         "nothing is trained or recorded")
     p.add_argument("--json", action="store_true", help="with --plan: the rows as a JSON list")
+    p.add_argument("--simulate-gpus", type=_positive_int, metavar="N",
+                   help="a local Ray that declares N GPUs which do not exist: fractional `gpu` trials are packed "
+                        "as on a GPU node, each records the GPU it was given (param gpu_ids) and trains on the CPU "
+                        "(sets HEADROOM_SIMULATED_GPUS=1); for testing a sweep's packing without a GPU")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -254,8 +258,12 @@ def cmd_sweep(args) -> int:
     storage = args.storage or sweep.storage
     if storage and "://" not in storage and Path(storage).exists() and not Path(storage).is_dir():
         raise HeadroomInputError(f"--storage {storage}: not a directory")
+    if args.simulate_gpus and (args.address or os.environ.get("RAY_ADDRESS")):
+        raise HeadroomInputError("--simulate-gpus starts a local Ray; to simulate GPUs on a cluster, start its nodes "
+                                 "with `ray start --num-gpus N` and HEADROOM_SIMULATED_GPUS=1 in their environment")
     return run_sweep(sweep, args.file, text, resume=args.resume, address=args.address, tracking_uri=args.tracking_uri,
-                     storage=args.storage, progress=not args.quiet, register=args.register)
+                     storage=args.storage, progress=not args.quiet, register=args.register,
+                     simulate_gpus=args.simulate_gpus)
 
 
 def _print_plan(sweep, as_json: bool) -> int:

@@ -28,6 +28,7 @@ from lightning_modules.config import HeadroomInputError
 from lightning_modules.prepared import DataIdentity, data_identity, prepare
 
 from . import metrics as M
+from .devices import SIMULATE
 from .plan import (
     Unit,
     arch_key,
@@ -47,7 +48,8 @@ FAULT_ENV = "HEADROOM_TEST_FAULT_STEP"  # test-only: the first dense train trial
 
 class Sweeper:
     def __init__(self, sweep: Sweep, sweep_file: str, sweep_text: str, where: Where, resume: bool,
-                 progress: bool = True, write_report: bool = True, register: bool = False):
+                 progress: bool = True, write_report: bool = True, register: bool = False,
+                 simulate_gpus: int | None = None):
         self.write_report = write_report  # False: the runs only (benchmarks that measure trials)
         self.register = register  # the primary method's pruned models into the Model Registry, after the report
         self.hash = sweep.spec_hash()  # of the sweep as written: the same file gives the same parent anywhere
@@ -59,6 +61,7 @@ class Sweeper:
         self.vocab_size = 0  # set by preflight(): the tokenizer's
         self.stage_seconds: dict[str, float] = {}  # wall time of each stage's Tuner runs
         self.started = time.time()
+        self.simulate_gpus = simulate_gpus  # a local Ray declaring this many GPUs that do not exist (devices.py)
 
     # ------------------------------------------------------------------------------------------- plumbing
     def say(self, msg: str) -> None:
@@ -114,7 +117,8 @@ class Sweeper:
         if not ray.is_initialized():
             # no address: a new local Ray, even when a `ray start` cluster runs on this machine
             ray.init(address=self.where.address or "local", logging_level="ERROR", log_to_driver=False,
-                     include_dashboard=False if self.where.address is None else None)
+                     include_dashboard=False if self.where.address is None else None,
+                     **({"num_gpus": self.simulate_gpus} if self.simulate_gpus else {}))
 
     def _grid(self, units: list[Unit], extra=None) -> dict:
         from ray import tune
@@ -371,7 +375,7 @@ def _scale_of(config: dict) -> str:
 
 def run_sweep(sweep: Sweep, sweep_file: str, sweep_text: str, *, resume: bool = False, address: str | None = None,
               tracking_uri: str | None = None, storage: str | None = None, progress: bool = True,
-              write_report: bool = True, register: bool = False) -> int:
+              write_report: bool = True, register: bool = False, simulate_gpus: int | None = None) -> int:
     # Tune's newer console output ignores verbose=0 and prints every trial's config; progress is ours
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     # MLflow is the record: of Tune's default loggers keep the JSON one (the TensorBoard one would import torch
@@ -387,5 +391,8 @@ def run_sweep(sweep: Sweep, sweep_file: str, sweep_text: str, *, resume: bool = 
     where = resolve_where(sweep, tracking_uri, storage, address)
     if os.environ.get("HEADROOM_CACHE"):  # trials run in their own directories: make it absolute for them
         os.environ["HEADROOM_CACHE"] = str(Path(os.environ["HEADROOM_CACHE"]).expanduser().resolve())
-    return Sweeper(sweep, sweep_file, sweep_text, where, resume, progress, write_report, register).run()
+    if simulate_gpus:  # the local Ray's workers inherit it: trials train on the CPU, recording the declared GPU
+        os.environ[SIMULATE] = "1"
+    return Sweeper(sweep, sweep_file, sweep_text, where, resume, progress, write_report, register,
+                   simulate_gpus).run()
 

@@ -27,6 +27,7 @@ from ray.tune import Callback
 
 from . import metrics as M
 from .artifacts import RUN_ARTIFACTS
+from .devices import GPU_PARAM
 from .ddp import CHECKPOINT_KEY, checkpoint_uri
 from .plan import DONE, EVAL_PARAMS, HISTORY, KEPT, RESUMED, WORK, Unit
 from .runstore import mlflow_client, search_runs
@@ -317,7 +318,7 @@ class TrackingCallback(Callback):
             if WORK in result:
                 values[M.cost("work_s")] = float(result[WORK])
             self.tracker.log_values(run_id, values, step=step)
-            self.tracker.log_params(run_id, {k: str(result[k]) for k in EVAL_PARAMS if k in result})
+            self.tracker.log_params(run_id, {k: str(result[k]) for k in (*EVAL_PARAMS, GPU_PARAM) if k in result})
             if result.get(KEPT):
                 self.tracker.set_tags(run_id, {"headroom.kept": ",".join(map(str, json.loads(result[KEPT])))})
 

@@ -27,6 +27,7 @@ from lightning_modules.config import HeadroomInputError, jsonable
 
 from . import metrics as metric_names
 from .artifacts import write_prune
+from .devices import claim_gpu
 from .frameworks import quiet_frameworks
 from .plan import (
     DONE,
@@ -46,9 +47,14 @@ from .plan import (
 LATENCY_REPEATS = 5
 
 
+_DEVICE: dict = {}  # this process's GPUs as Ray gave them (devices.claim_gpu): recorded with every result
+
+
 def _setup() -> None:
     from lightning_modules.train import set_threads
 
+    _DEVICE.clear()
+    _DEVICE.update(claim_gpu())  # before torch touches CUDA: a GPU it cannot use stops the trial here
     quiet_frameworks()
     set_threads()
 
@@ -160,8 +166,9 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
         session.report({"step": m["steps"]})
         return
     timing = {**m["timing"], "score_s": callbacks[0].seconds if unit.probes else 0.0}
-    final = {**_train_metrics(m), **metric_names.timing(timing), "step": m["steps"], HISTORY: history.take(), DONE: 1,
-             WORK: time.time() - t0, RESUMED: history.start_step if history.start_step is not None else m["steps"]}
+    final = {**_train_metrics(m), **_DEVICE, **metric_names.timing(timing), "step": m["steps"],
+             HISTORY: history.take(), DONE: 1, WORK: time.time() - t0,
+             RESUMED: history.start_step if history.start_step is not None else m["steps"]}
     if is_search:  # the objective is the val loss at the last step
         if report.last_step != m["steps"]:
             from lightning_modules.lm import evaluate
@@ -242,6 +249,6 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
     write_prune(out, pruned, m, data.tokenizer, data.eval_sets, plan.method,
                 f"{unit.scale} {unit.family} seed {unit.seed}: ")
     flat = {"step": plan.finetune_steps, HISTORY: "[]", DONE: 1, KEPT: json.dumps(m["heads_kept"]), WORK: m["seconds"],
-            **{k: m[k] for k in EVAL_PARAMS}, **metric_names.timing(m["timing"]),
+            **{k: m[k] for k in EVAL_PARAMS}, **_DEVICE, **metric_names.timing(m["timing"]),
             **metric_names.flatten_prune(m, data.eval_sets, plan.recovery_steps)}
     tune.report(flat, checkpoint=tune.Checkpoint.from_directory(str(out)))
