@@ -42,20 +42,21 @@ class ArrowDocs(Sequence):
 
     @classmethod
     def scan(cls, ds, column: str) -> ArrowDocs:
-        """Every row of the column that holds text (not None, not blank), in the table's order."""
-        rows, norm, raw, chars = [], [], [], []
+        """Every row of the column that holds text (not None, not blank), in the table's order. Held per batch
+        as arrays: no Python object per document outlives its batch."""
+        parts: list[tuple] = []
         start = 0
         for batch in ds.with_format("arrow").iter(batch_size=SCAN_BATCH):
-            for i, t in enumerate(batch.column(column).to_pylist()):
-                if t and t.strip():
-                    rows.append(start + i)
-                    norm.append(normalised_digest(t))
-                    raw.append(raw_digest(t))
-                    chars.append(len(t))
+            texts = batch.column(column).to_pylist()
+            keep = [i for i, t in enumerate(texts) if t and t.strip()]
+            parts.append((np.asarray(keep, dtype=np.int64) + start,
+                          np.frombuffer(b"".join(normalised_digest(texts[i]) for i in keep), dtype="S32"),
+                          np.frombuffer(b"".join(raw_digest(texts[i]) for i in keep), dtype="S32"),
+                          np.fromiter((len(texts[i]) for i in keep), np.int64, len(keep))))
             start += batch.num_rows
-        return cls((ds,), column, np.zeros(len(rows), dtype=np.int16), np.asarray(rows, dtype=np.int64),
-                   np.asarray(norm, dtype="S32").reshape(-1), np.asarray(raw, dtype="S32").reshape(-1),
-                   np.asarray(chars, dtype=np.int64))
+        rows, norm, raw, chars = (np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, dt)
+                                  for k, dt in enumerate((np.int64, "S32", "S32", np.int64)))
+        return cls((ds,), column, np.zeros(len(rows), dtype=np.int16), rows, norm, raw, chars)
 
     @classmethod
     def concat(cls, parts: list[ArrowDocs]) -> ArrowDocs:

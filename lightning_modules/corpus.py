@@ -12,8 +12,6 @@ so runs are comparable, and the corpus hash (content + split rule) says so.
 from __future__ import annotations
 
 import glob
-import hashlib
-import json
 import os
 import sys
 import sysconfig
@@ -23,8 +21,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .arrowdocs import ArrowDocs, normalised_digest, raw_digest
+from .arrowdocs import ArrowDocs
 from .config import DataConfig, HeadroomInputError
+from .splits import (  # noqa: F401 - the split rule's names, where callers have always found them
+    MIN_UNITS,
+    _split_by_codes,
+    _split_units,
+    _unit_fraction,
+    dedupe,
+    drop_train_duplicates,
+    normalised_hash,
+    split_codes,
+)
+from .splits import _hash as corpus_hash_of
 
 EVAL_SETS = ("id", "shift")
 
@@ -33,9 +42,6 @@ EVAL_SETS = ("id", "shift")
 # other idioms than the rest of the library).
 STDLIB_EXCLUDE_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__"}
 STDLIB_SHIFT_PACKAGES = ("email", "xml")
-# a source with fewer files than this is cut into blocks of lines, so that every split gets some text
-MIN_UNITS = 50
-BLOCK_CHARS = 2048
 
 
 @dataclass
@@ -53,114 +59,6 @@ class Corpus:
     def n_chars(self, split: str) -> int:
         docs = self.splits.get(split, ())
         return docs.n_chars() if isinstance(docs, ArrowDocs) else sum(len(d) for d in docs)
-
-
-def _unit_fraction(key: str) -> float:
-    return int(hashlib.sha256(key.encode()).hexdigest()[:12], 16) / 16**12
-
-
-def assign_splits(keys: list[str], cfg: DataConfig) -> list[str]:
-    """The split of each document, from the hashes of the names alone: documents are ordered by hash and the
-    first round(f·N) (at least one) go to val, the next to calibration, then id; the rest train. Ranking instead
-    of thresholding keeps small corpora from leaving a split empty by chance."""
-    n = len(keys)
-    sizes = [max(1, round(f * n)) for f in (cfg.val_fraction, cfg.calibration_fraction, cfg.eval_fraction)]
-    order = sorted(range(n), key=lambda i: (_unit_fraction(keys[i]), keys[i]))
-    out = ["train"] * n
-    pos = 0
-    for split, size in zip(("val", "calibration", "id"), sizes):
-        for i in order[pos:pos + size]:
-            out[i] = split
-        pos += size
-    return out
-
-
-def _blocks(text: str, size: int = BLOCK_CHARS) -> list[str]:
-    """Cut text at line boundaries into blocks of about `size` characters."""
-    out, cur, n = [], [], 0
-    for line in text.splitlines(keepends=True):
-        cur.append(line)
-        n += len(line)
-        if n >= size:
-            out.append("".join(cur))
-            cur, n = [], 0
-    if cur:
-        out.append("".join(cur))
-    return out
-
-
-def normalised_hash(text: str) -> str:
-    """Hash of a document's content up to line endings, trailing spaces and blank lines at either end: two files
-    that differ only there are the same document."""
-    return normalised_digest(text).hex()
-
-
-def dedupe(units: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], int]:
-    """Drop documents whose normalised content repeats an earlier one (the first, in the given order, stays).
-    Returns (units, number dropped). Done before splitting, so one text never sits in two splits."""
-    seen, out = set(), []
-    for key, text in units:
-        h = normalised_hash(text)
-        if h not in seen:
-            seen.add(h)
-            out.append((key, text))
-    return out, len(units) - len(out)
-
-
-def _norm_digests(docs) -> np.ndarray:
-    return docs.norm if isinstance(docs, ArrowDocs) else np.asarray([normalised_digest(d) for d in docs], dtype="S32")
-
-
-def _take(docs, positions):
-    """The documents at `positions` of a list or of ArrowDocs, in order."""
-    return docs.take(positions) if isinstance(docs, ArrowDocs) else [docs[i] for i in positions]
-
-
-def drop_train_duplicates(splits: dict[str, Sequence[str]]) -> int:
-    """Splits fixed by the source (a dataset's own validation and test, a shifted set) keep their documents; a
-    training document with the same normalised content as a held-out one leaves train. Returns how many left."""
-    held = [_norm_digests(docs) for name, docs in splits.items() if name != "train" and len(docs)]
-    train = splits["train"]
-    if held:
-        splits["train"] = _take(train, np.flatnonzero(~np.isin(_norm_digests(train), np.concatenate(held))))
-    return len(train) - len(splits["train"])
-
-
-def _split_units(units: list[tuple[str, str]], cfg: DataConfig, what: str) -> dict[str, list[str]]:
-    """units: (key, text), duplicates already dropped. Few large units are cut into blocks first so every split
-    gets text."""
-    if len(units) < MIN_UNITS:
-        units = [(f"{k}#{i}", b) for k, t in units for i, b in enumerate(_blocks(t))]
-    return _split_keyed([k for k, _ in units], [t for _, t in units], cfg, what)
-
-
-def _split_keyed(keys: list[str], docs: Sequence[str], cfg: DataConfig, what: str) -> dict[str, Sequence[str]]:
-    """Documents `docs` (a list or ArrowDocs) to splits by the hashes of their `keys`, in order."""
-    where: dict[str, list[int]] = {s: [] for s in ("train", "val", "calibration", "id")}
-    for i, split in enumerate(assign_splits(keys, cfg)):
-        where[split].append(i)
-    splits = {s: _take(docs, at) for s, at in where.items()}
-    empty = [s for s, d in splits.items() if not len(d)]
-    units = keys
-    if empty or len(units) < 4:
-        raise HeadroomInputError(
-            f"data {what}: corpus too small to fill the train, val, calibration and id splits ({len(units)} documents)"
-        )
-    return splits
-
-
-def _hash(cfg: DataConfig, parts: dict[str, list[str]], extra: str = "") -> str:
-    h = hashlib.sha256()
-    h.update(json.dumps([cfg.val_fraction, cfg.calibration_fraction, cfg.eval_fraction, extra]).encode())
-    for split in sorted(parts):
-        h.update(split.encode() + b"\0")
-        docs = parts[split]
-        if isinstance(docs, ArrowDocs):  # the same bytes as one update per document
-            h.update(docs.raw.tobytes())
-        else:
-            for doc in docs:
-                h.update(raw_digest(doc))
-    return h.hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------------------ stdlib
@@ -207,7 +105,7 @@ def load_stdlib(cfg: DataConfig) -> Corpus:
     left = drop_train_duplicates(splits)
     note = f"standard-library packages held out of training: {', '.join(STDLIB_SHIFT_PACKAGES)}"
     return Corpus(
-        "stdlib", splits, _hash(cfg, splits), note,
+        "stdlib", splits, corpus_hash_of(cfg, splits), note,
         meta={"python": sys.version.split()[0], "root": str(stdlib_root()), "files": len(files),
               "duplicates_removed": dups + shift_dups + left},
     )
@@ -266,7 +164,7 @@ def load_path(cfg: DataConfig) -> Corpus:
     if cfg.shift:
         splits["shift"], note, shift_dups = _shift_docs(cfg)
         dups += shift_dups + drop_train_duplicates(splits)
-    return Corpus(cfg.source, splits, _hash(cfg, splits), note, meta={"files": len(files), "duplicates_removed": dups})
+    return Corpus(cfg.source, splits, corpus_hash_of(cfg, splits), note, meta={"files": len(files), "duplicates_removed": dups})
 
 
 def _shift_docs(cfg: DataConfig) -> tuple[list[str], str, int]:
@@ -340,28 +238,36 @@ def load_hf(cfg: DataConfig) -> Corpus:
         n_cal = max(1, round(cfg.calibration_fraction * len(train_rows)))
         if n_cal >= len(train_rows):
             raise HeadroomInputError(f"data {cfg.source}: train split too small to carve a calibration set")
-        ranked = sorted(range(len(train_rows)), key=lambda i: _unit_fraction(f"train/{i}"))
+        frac = np.fromiter((_unit_fraction(f"train/{i}") for i in range(len(train_rows))), np.float64,
+                           len(train_rows))
         is_cal = np.zeros(len(train_rows), dtype=bool)
-        is_cal[ranked[:n_cal]] = True
+        is_cal[np.argsort(frac, kind="stable")[:n_cal]] = True  # sorted(range(n), key=fraction): stable
         splits = {"train": train_rows.take(np.flatnonzero(~is_cal)), "val": val_rows,
                   "calibration": train_rows.take(np.flatnonzero(is_cal)), "id": test_rows}
     else:
         names = [s for s in sorted(rows) if len(rows[s])]
         pooled = ArrowDocs.concat([rows[s] for s in names])
-        keys = [f"{s}/{i}" for s in names for i in range(len(rows[s]))]
-        first = pooled.first_occurrences()
+        starts = np.cumsum([0] + [len(rows[s]) for s in names])
+
+        def key_of(j: int) -> str:  # the pooled document j's key: "<split>/<position in its deduplicated split>"
+            s = int(np.searchsorted(starts, j, "right")) - 1
+            return f"{names[s]}/{j - int(starts[s])}"
+
+        first = pooled.first_occurrences()  # the units' keys, "<split>/<position>", are made when asked for
         dups = n_rows - len(first)
-        units, unit_keys = pooled.take(first), [keys[i] for i in first]
+        units = pooled.take(first)
         if len(units) < MIN_UNITS:  # few documents: cut into blocks, as for any small source (held as text)
-            splits = _split_units(list(zip(unit_keys, units[:])), cfg, cfg.source)
+            splits = _split_units([(key_of(j), t) for j, t in zip(first.tolist(), units[:])], cfg, cfg.source)
         else:
-            splits = _split_keyed(unit_keys, units, cfg, cfg.source)
+            frac = np.fromiter((_unit_fraction(key_of(j)) for j in first.tolist()), np.float64, len(first))
+            codes = split_codes(frac, lambda i: key_of(int(first[i])), cfg)
+            splits = _split_by_codes(codes, units, cfg.source)
     note = None
     if cfg.shift:
         splits["shift"], note, shift_dups = _shift_docs(cfg)
         dups += shift_dups
     dups += drop_train_duplicates(splits)
-    return Corpus(cfg.source, splits, _hash(cfg, splits), note, meta={"duplicates_removed": dups})
+    return Corpus(cfg.source, splits, corpus_hash_of(cfg, splits), note, meta={"duplicates_removed": dups})
 
 
 # ------------------------------------------------------------------------------------------------- entry

@@ -139,7 +139,24 @@ def _reference_hf_splits(d, cfg):
     Arrow tables and digests instead): what every hf: corpus was before the loader streamed."""
     import datasets
 
-    from lightning_modules.corpus import _split_units, _unit_fraction, normalised_hash
+    from lightning_modules.corpus import MIN_UNITS, _unit_fraction, normalised_hash
+    from lightning_modules.splits import _blocks
+
+    def split_units(units, cfg):  # rank by (hash of the name, name); the first round(f·N) to val, calibration, id
+        if len(units) < MIN_UNITS:
+            units = [(f"{k}#{i}", b) for k, t in units for i, b in enumerate(_blocks(t))]
+        n = len(units)
+        order = sorted(range(n), key=lambda i: (_unit_fraction(units[i][0]), units[i][0]))
+        where, pos = ["train"] * n, 0
+        for split, f in (("val", cfg.val_fraction), ("calibration", cfg.calibration_fraction),
+                         ("id", cfg.eval_fraction)):
+            for i in order[pos:pos + max(1, round(f * n))]:
+                where[i] = split
+            pos += max(1, round(f * n))
+        out = {s: [] for s in ("train", "val", "calibration", "id")}
+        for (_, t), s in zip(units, where):
+            out[s].append(t)
+        return out
 
     def dedupe(units):
         seen, out = set(), []
@@ -162,7 +179,7 @@ def _reference_hf_splits(d, cfg):
         dups = n - sum(map(len, rows.values()))
     else:
         units = dedupe([(f"{s}/{i}", t) for s in sorted(rows) for i, t in enumerate(rows[s])])
-        splits, dups = _split_units(units, cfg, "ref"), n - len(units)
+        splits, dups = split_units(units, cfg), n - len(units)
     held = {normalised_hash(t) for s, ts in splits.items() if s != "train" for t in ts}
     kept = [t for t in splits["train"] if normalised_hash(t) not in held]
     return {**splits, "train": kept}, dups + len(splits["train"]) - len(kept)
@@ -206,6 +223,29 @@ def test_hf_documents_streamed_from_arrow_split_as_lists_of_strings_would_be(tmp
             h.update(hashlib.sha256(t.encode()).digest())
     assert corpus.corpus_hash == h.hexdigest()[:16]
     assert {s: corpus.n_chars(s) for s in splits} == {s: sum(map(len, ts)) for s, ts in splits.items()}
+
+
+def test_split_codes_break_ties_of_the_hash_by_the_name_as_a_sort_would():
+    """split_codes ranks by fraction with numpy and sorts only runs of equal fractions by key: on fractions drawn
+    from a few values (runs of every length) it assigns what sorting by (fraction, key) assigns."""
+    import random
+
+    import numpy as np
+
+    from lightning_modules.splits import SPLIT_ORDER, split_codes
+
+    rng = random.Random(3)
+    cfg = DataConfig(val_fraction=0.2, calibration_fraction=0.1, eval_fraction=0.15)
+    for n in (5, 40, 333):
+        keys = [f"k{rng.randrange(10**6)}" for _ in range(n)]
+        frac = np.array([rng.choice([0.1, 0.5, 0.7, 0.9]) for _ in range(n)])
+        order = sorted(range(n), key=lambda i: (frac[i], keys[i]))
+        want, pos = ["train"] * n, 0
+        for split, f in (("val", 0.2), ("calibration", 0.1), ("id", 0.15)):
+            for i in order[pos:pos + max(1, round(f * n))]:
+                want[i] = split
+            pos += max(1, round(f * n))
+        assert [SPLIT_ORDER[c] for c in split_codes(frac, keys.__getitem__, cfg)] == want
 
 
 def test_hf_missing_local_directory():
