@@ -97,3 +97,39 @@ def test_a_missing_snapshot_is_one_clear_error(tmp_path, dense_run):
     family, train, _, _ = dense_run
     with pytest.raises(HeadroomInputError, match="did not keep this step"):
         prune_and_continue(tmp_path / "step3.ckpt", _data(family, train), PrunePlan(method="random", ratio=0.5))
+
+
+@pytest.fixture(scope="module")
+def bf16_run(tmp_path_factory, cache_dir):
+    """The decoder's dense run of dense_run at bf16-mixed (Lightning's CPU autocast: what a GPU trains at)."""
+    from lightning_modules.data import HeadroomData
+    from lightning_modules.train import Snapshots, train_lm
+
+    snaps = tmp_path_factory.mktemp("snapshots-bf16")
+    train = train_config_for("xs", steps=T, batch_size=4, seq_len=32, warmup_steps=3, val_every=6, val_batches=1,
+                             eval_batches=2, seed=3, precision="bf16-mixed")
+    result = train_lm(model_config_for("xs", "decoder"), train, DataConfig(), callbacks=[Snapshots([6], snaps)],
+                      progress=False, data=HeadroomData(DataConfig(), train, "decoder"))
+    return train, snaps, result
+
+
+def test_a_prune_during_bf16_training_continues_the_run_and_ablation_scores_it(bf16_run):
+    """Prune timing at bf16-mixed: keeping every head at step 6 and training on under autocast ends at the bf16
+    dense run's own weights (schedule, data, moments and precision carried over); removing half the heads by
+    ablation there trains on to T with every loss finite and no better than the dense model's at T by more than
+    the tolerance."""
+    from lightning_modules.early import prune_and_continue
+
+    train, snaps, result = bf16_run
+    keep, _, m = prune_and_continue(snaps / "step6.ckpt", _data("decoder", train), PrunePlan(method="ablation",
+                                    ratio=0.0), eval_batches=2, calibration_batches=1)
+    dense = dict(result.lm.model.named_parameters())
+    for name, p in keep.named_parameters():
+        assert torch.allclose(p, dense[name], atol=1e-5, rtol=1e-4), name
+    assert m["loss"]["pre_ft"]["val"]["loss"] == pytest.approx(result.metrics["final"]["val"]["loss"], rel=1e-4)
+    half, scores, m = prune_and_continue(snaps / "step6.ckpt", _data("decoder", train), PrunePlan(
+        method="ablation", ratio=0.5), eval_batches=2, calibration_batches=1)
+    assert sum(m["heads_kept"]) == sum(m["heads_dense"]) // 2  # ratio 0.5 per layer
+    losses = [v["loss"] for stage in ("pre_ft", "final") for v in m["loss"][stage].values()]
+    assert all(torch.isfinite(torch.tensor(x)) for x in losses) and m["continued_steps"] == T - 6
+    assert m["loss"]["pre_ft"]["val"]["loss"] >= result.metrics["final"]["val"]["loss"] * (1 - 0.05)
