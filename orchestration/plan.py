@@ -24,6 +24,7 @@ from .spec import Sweep
 from .unit import (  # noqa: F401 - the unit's names, where the stages, trials and report have always found them
     DONE,
     EVAL_PARAMS,
+    TRAIN_PRECISION,
     HALF_ARM,
     HISTORY,
     KEPT,

@@ -29,7 +29,7 @@ from . import metrics as M
 from .artifacts import RUN_ARTIFACTS
 from .devices import GPU_PARAM
 from .ddp import CHECKPOINT_KEY, checkpoint_uri
-from .plan import DONE, EVAL_PARAMS, HISTORY, KEPT, RESUMED, WORK, Unit
+from .plan import DONE, EVAL_PARAMS, HISTORY, KEPT, RESUMED, TRAIN_PRECISION, WORK, Unit
 from .runstore import mlflow_client, search_runs
 
 PACKAGES = ("headroom", "torch", "transformers", "pytorch-lightning", "ray", "mlflow", "optuna", "datasets")
@@ -318,7 +318,8 @@ class TrackingCallback(Callback):
             if WORK in result:
                 values[M.cost("work_s")] = float(result[WORK])
             self.tracker.log_values(run_id, values, step=step)
-            self.tracker.log_params(run_id, {k: str(result[k]) for k in (*EVAL_PARAMS, GPU_PARAM) if k in result})
+            self.tracker.log_params(run_id, {k: str(result[k]) for k in (*EVAL_PARAMS, TRAIN_PRECISION, GPU_PARAM)
+                                                 if k in result})
             if result.get(KEPT):
                 self.tracker.set_tags(run_id, {"headroom.kept": ",".join(map(str, json.loads(result[KEPT])))})
 

@@ -32,6 +32,7 @@ from .frameworks import quiet_frameworks
 from .plan import (
     DONE,
     EVAL_PARAMS,
+    TRAIN_PRECISION,
     HISTORY,
     KEPT,
     LIGHTNING_FILE,
@@ -48,6 +49,13 @@ LATENCY_REPEATS = 5
 
 
 _DEVICE: dict = {}  # this process's GPUs as Ray gave them (devices.claim_gpu): recorded with every result
+
+
+def _precision(unit: Unit) -> dict:
+    """The precision the unit trains (or fine-tunes) at, "auto" resolved on this device: an MLflow param."""
+    from lightning_modules.lm import resolve_precision
+
+    return {TRAIN_PRECISION: resolve_precision(unit.train.precision)}
 
 
 def _setup() -> None:
@@ -166,7 +174,7 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
         session.report({"step": m["steps"]})
         return
     timing = {**m["timing"], "score_s": callbacks[0].seconds if unit.probes else 0.0}
-    final = {**_train_metrics(m), **_DEVICE, **metric_names.timing(timing), "step": m["steps"],
+    final = {**_train_metrics(m), **_DEVICE, **_precision(unit), **metric_names.timing(timing), "step": m["steps"],
              HISTORY: history.take(), DONE: 1, WORK: time.time() - t0,
              RESUMED: history.start_step if history.start_step is not None else m["steps"]}
     if is_search:  # the objective is the val loss at the last step
@@ -249,6 +257,6 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
     write_prune(out, pruned, m, data.tokenizer, data.eval_sets, plan.method,
                 f"{unit.scale} {unit.family} seed {unit.seed}: ")
     flat = {"step": plan.finetune_steps, HISTORY: "[]", DONE: 1, KEPT: json.dumps(m["heads_kept"]), WORK: m["seconds"],
-            **{k: m[k] for k in EVAL_PARAMS}, **_DEVICE, **metric_names.timing(m["timing"]),
+            **{k: m[k] for k in EVAL_PARAMS}, **_DEVICE, **_precision(unit), **metric_names.timing(m["timing"]),
             **metric_names.flatten_prune(m, data.eval_sets, plan.recovery_steps)}
     tune.report(flat, checkpoint=tune.Checkpoint.from_directory(str(out)))

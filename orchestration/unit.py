@@ -34,6 +34,7 @@ LIGHTNING_FILE = "checkpoint"  # the Lightning checkpoint's file name inside a T
 SCORES_FILE = "scores.json"  # a prune unit's head scores {"method", "scores", "kept", "heads_dense"}: the heatmaps
 WINDOWS_FILE = "eval_windows.json"  # per-window losses of a unit's evaluations (an artifact the report reads)
 EVAL_PARAMS = ("eval_device", "eval_precision")  # every run's evaluation: where and at which precision (MLflow params)
+TRAIN_PRECISION = "train_precision"  # MLflow param: the precision a run trained (or fine-tuned) at, resolved
 
 
 TAG_FIELDS = tuple(a.tag or a.name for a in AXES)  # headroom.<field>: declared in orchestration/axes.py

@@ -80,6 +80,7 @@ def test_fractional_gpu_trials_pack_two_to_a_simulated_gpu(tmp_path, cache_dir):
     parents, children = split(runs_of(client(tmp_path), "packing"))
     assert len(parents) == 1 and len(children) >= 8
     assert {c.data.params.get("gpu_ids") for c in children} == {"0"}
+    assert {c.data.params.get("train_precision") for c in children} == {"32-true"}  # "auto" on the CPU it ran on
     for stage in ("train", "prune"):
         runs = [c for c in children if c.data.tags["headroom.stage"] == stage]
         assert len(runs) >= 4 and _most_at_once(runs) == 2, (stage, _most_at_once(runs))

@@ -88,6 +88,7 @@ def test_smoke_sweep_one_parent_and_every_unit_a_child_with_the_contract(smoke):
         assert t["headroom.prune_at"] == ("none" if t["headroom.stage"] == "train" else t["headroom.prune_at"])
         # every run evaluated where it trained, at the one declared precision
         assert (r.data.params["eval_device"], r.data.params["eval_precision"]) == ("cpu", "32-true")
+        assert r.data.params["train_precision"] == "32-true" and "gpu_ids" not in r.data.params  # "auto" on a CPU
         if t["headroom.arm"] in ("dense", "dense_half"):
             assert (t["headroom.heads"], t["headroom.method"], t["headroom.ratio"]) == ("8", "none", "none")
         else:
@@ -355,6 +356,9 @@ def test_the_smoke_sweep_at_bf16_mixed_on_cpu_follows_its_fp32_run(smoke, tmp_pa
     rel, rho = {}, {}
     for name, run in got.items():
         assert run.data.params.get("eval_precision", "32-true") == "32-true", name  # evaluation is fp32 for all
+        if run.data.tags["headroom.stage"] in ("train", "prune"):  # trained (or fine-tuned) at the declared precision
+            assert (run.data.params["train_precision"], ref[name].data.params["train_precision"]) == (
+                "bf16-mixed", "32-true"), name
         if "final/id/loss" in ref[name].data.metrics:
             a, b = ref[name].data.metrics["final/id/loss"], run.data.metrics["final/id/loss"]
             rel[name] = abs(b - a) / a
