@@ -78,7 +78,15 @@ def write_corpus(root: Path, mb: float, seed: int) -> dict:
 
 
 _DRIVER = """
-import json, resource, sys, time
+import json, resource, sys, threading, time
+peak_anon = [0]  # anonymous memory (kB): what the process holds itself, not the file pages it maps (reclaimable)
+def watch():
+    while True:
+        with open("/proc/self/status") as f:
+            kb = next((int(l.split()[1]) for l in f if l.startswith("RssAnon:")), 0)
+        peak_anon[0] = max(peak_anon[0], kb)
+        time.sleep(0.02)
+threading.Thread(target=watch, daemon=True).start()
 t0 = time.perf_counter()
 from lightning_modules.config import DataConfig
 from lightning_modules.prepared import prepare
@@ -86,8 +94,9 @@ p = prepare(DataConfig(source=sys.argv[1], tokenizer="bpe", bpe_vocab_size=int(s
 for split in p.streams:
     if split != "train":
         p.clean_starts(split, int(sys.argv[3]))
+time.sleep(0.05)
 print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "data_hash": p.data_hash, "tokens": p.manifest["tokens"]}))
+                  "peak_anon_mb": peak_anon[0] / 1024, "data_hash": p.data_hash, "tokens": p.manifest["tokens"]}))
 """
 
 _TRIAL = """
@@ -123,7 +132,7 @@ def _fit(corpora: dict, driver: dict) -> dict:
     extrapolation: the synthetic grammar has a far smaller vocabulary than real stories)."""
     gb = {n: corpora[n]["characters"] / 1e9 for n in ("small", "large")}
     out = {}
-    for key, unit in (("seconds", "s"), ("peak_rss_mb", "mb")):
+    for key, unit in (("seconds", "s"), ("peak_rss_mb", "mb"), ("peak_anon_mb", "anon_mb")):
         slope = (driver["large"][key] - driver["small"][key]) / (gb["large"] - gb["small"])
         fixed = driver["small"][key] - slope * gb["small"]
         out[f"{unit}_per_gb"] = slope
