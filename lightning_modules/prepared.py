@@ -274,6 +274,9 @@ class _Progress:
                  f"about {eta:.0f} s left")
 
 
+STALE_S = 24 * 3600  # a temporary directory this old belongs to no live writer (TinyStories prepares in minutes)
+
+
 def _write(cfg: DataConfig, say) -> str:
     """Load, encode and write the prepared dataset of a source; returns its data hash."""
     t0 = time.monotonic()
@@ -285,6 +288,9 @@ def _write(cfg: DataConfig, say) -> str:
         return data_id
     if final.exists():  # without a manifest: not written by prepare (a partial copy); replaced
         shutil.rmtree(final)
+    for stale in prepared_root().glob(f".{data_id}.tmp*"):  # left by a writer killed mid-way (a day ago or more)
+        if time.time() - stale.stat().st_mtime > STALE_S:
+            shutil.rmtree(stale, ignore_errors=True)
     # written under a name no other writer uses (pods sharing the cache repeat process ids), renamed when whole
     tmp = prepared_root() / f".{data_id}.tmp{uuid.uuid4().hex}"
     tmp.mkdir(parents=True)

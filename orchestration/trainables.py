@@ -140,8 +140,8 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
         resumed.to_directory(str(work / "resume"))
         if (work / "resume" / METRICS_FILE).exists():  # died after its final report: say it again
             metrics = json.loads((work / "resume" / METRICS_FILE).read_text())
-            session.report({**_train_metrics(metrics), "step": metrics["steps"], HISTORY: "[]", DONE: 1},
-                           str(work / "resume"))
+            session.report({**_train_metrics(metrics), **_DEVICE, **_precision(unit), "step": metrics["steps"],
+                            HISTORY: "[]", DONE: 1}, str(work / "resume"))
             return
         ckpt_path = str(work / "resume" / LIGHTNING_FILE)
     is_search = unit.stage == "lr_search"

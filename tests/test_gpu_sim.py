@@ -89,3 +89,7 @@ def test_fractional_gpu_trials_pack_two_to_a_simulated_gpu(tmp_path, cache_dir):
     bad = run_sweep(tmp_path, "packing.yaml", "--simulate-gpus", "1", "--address", "127.0.0.1:6379")
     assert bad.returncode == 2 and "--simulate-gpus starts a local Ray" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+    (tmp_path / "ddp.yaml").write_text(PACKING.replace("name: packing", "name: ddp").replace(
+        "resources: {cpu: 0.25, gpu: 0.5}", "resources: {cpu: 1, gpu: 1, workers: 2}"))
+    bad = run_sweep(tmp_path, "ddp.yaml", "--simulate-gpus", "2")
+    assert bad.returncode == 2 and "data-parallel" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -4,6 +4,7 @@ never reads the text. The references: each document encoded on its own the way t
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -217,3 +218,22 @@ def test_a_failed_preparation_leaves_nothing_and_a_concurrent_one_is_kept(tmp_pa
     p = prepare(cfg)
     assert (prepared_root() / p.data_hash / "theirs").exists() and p.streams["train"].size > 0
     assert not list(prepared_root().glob(".*tmp*"))
+
+
+def test_a_killed_writers_temporary_directory_is_removed_once_stale(tmp_path, own_cache):
+    """A writer killed mid-way leaves its temporary directory; the next preparation of the same data removes it
+    once it is a day old, and leaves a recent one (a writer still at work) alone."""
+    import time
+
+    cfg = DataConfig(source=f"path:{_corpus(tmp_path / 'c')}/*.txt")
+    h = data_identity(cfg).data_hash
+    shutil.rmtree(prepared_root() / h)
+    for f in prepared_root().glob("index/*.json"):
+        f.unlink()
+    old, fresh = prepared_root() / f".{h}.tmpkilled", prepared_root() / f".{h}.tmpworking"
+    for d in (old, fresh):
+        d.mkdir()
+        (d / "train.bin").write_bytes(b"\0" * 64)
+    os.utime(old, (time.time() - 2 * 86400,) * 2)
+    prepare(cfg)
+    assert not old.exists() and fresh.exists() and (prepared_root() / h / "manifest.json").exists()
