@@ -25,17 +25,12 @@ def _unit_fraction(key: str) -> float:
 SPLIT_ORDER = ("train", "val", "calibration", "id")  # the codes of split_codes
 
 
-def assign_splits(keys: list[str], cfg: DataConfig) -> list[str]:
-    """The split of each document, from the hashes of the names alone: documents are ordered by hash and the
-    first round(f·N) (at least one) go to val, the next to calibration, then id; the rest train. Ranking instead
-    of thresholding keeps small corpora from leaving a split empty by chance."""
-    codes = split_codes(np.fromiter((_unit_fraction(k) for k in keys), np.float64, len(keys)), keys.__getitem__, cfg)
-    return [SPLIT_ORDER[c] for c in codes]
-
-
 def split_codes(frac: np.ndarray, key_of, cfg: DataConfig) -> np.ndarray:
-    """assign_splits on arrays: `frac[i]` is document i's _unit_fraction, `key_of(i)` its key (read only to break
-    ties of the fraction, as the sort by (fraction, key) does). Returns each document's index in SPLIT_ORDER."""
+    """The split of each document, from the hashes of the names alone: documents are ordered by (hash, name) and
+    the first round(f·N) (at least one) go to val, the next to calibration, then id; the rest train. Ranking instead
+    of thresholding keeps small corpora from leaving a split empty by chance. `frac[i]` is document i's
+    _unit_fraction, `key_of(i)` its name (read only to break ties of the fraction). Returns each document's index
+    in SPLIT_ORDER."""
     n = len(frac)
     sizes = [max(1, round(f * n)) for f in (cfg.val_fraction, cfg.calibration_fraction, cfg.eval_fraction)]
     order = np.argsort(frac, kind="stable")

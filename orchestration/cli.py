@@ -261,7 +261,7 @@ def cmd_sweep(args) -> int:
     if args.simulate_gpus and (args.address or os.environ.get("RAY_ADDRESS")):
         raise HeadroomInputError("--simulate-gpus starts a local Ray; to simulate GPUs on a cluster, start its nodes "
                                  "with `ray start --num-gpus N` and HEADROOM_SIMULATED_GPUS=1 in their environment")
-    ddp = [s for s in sweep.scales or {} if sweep.resources_for(s).workers > 1 and sweep.resources_for(s).gpu]
+    ddp = [s for s, r in ((s, sweep.resources_for(s)) for s in sweep.scales or {}) if r.workers > 1 and r.gpu]
     if args.simulate_gpus and ddp:
         raise HeadroomInputError(f"--simulate-gpus: scale {ddp[0]} trains data-parallel on GPUs (workers > 1), "
                                  "which needs NCCL on real GPUs; simulate with workers: 1")

@@ -51,11 +51,12 @@ LATENCY_REPEATS = 5
 _DEVICE: dict = {}  # this process's GPUs as Ray gave them (devices.claim_gpu): recorded with every result
 
 
-def _precision(unit: Unit) -> dict:
-    """The precision the unit trains (or fine-tunes) at, "auto" resolved on this device: an MLflow param."""
+def _run_params(unit: Unit) -> dict:
+    """What every final result records as MLflow params besides the evaluation's: the GPUs this process was given
+    (none: absent) and the precision the unit trains (or fine-tunes) at, "auto" resolved on this device."""
     from lightning_modules.lm import resolve_precision
 
-    return {TRAIN_PRECISION: resolve_precision(unit.train.precision)}
+    return {**_DEVICE, TRAIN_PRECISION: resolve_precision(unit.train.precision)}
 
 
 def _setup() -> None:
@@ -140,7 +141,7 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
         resumed.to_directory(str(work / "resume"))
         if (work / "resume" / METRICS_FILE).exists():  # died after its final report: say it again
             metrics = json.loads((work / "resume" / METRICS_FILE).read_text())
-            session.report({**_train_metrics(metrics), **_DEVICE, **_precision(unit), "step": metrics["steps"],
+            session.report({**_train_metrics(metrics), **_run_params(unit), "step": metrics["steps"],
                             HISTORY: "[]", DONE: 1}, str(work / "resume"))
             return
         ckpt_path = str(work / "resume" / LIGHTNING_FILE)
@@ -174,7 +175,7 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
         session.report({"step": m["steps"]})
         return
     timing = {**m["timing"], "score_s": callbacks[0].seconds if unit.probes else 0.0}
-    final = {**_train_metrics(m), **_DEVICE, **_precision(unit), **metric_names.timing(timing), "step": m["steps"],
+    final = {**_train_metrics(m), **_run_params(unit), **metric_names.timing(timing), "step": m["steps"],
              HISTORY: history.take(), DONE: 1, WORK: time.time() - t0,
              RESUMED: history.start_step if history.start_step is not None else m["steps"]}
     if is_search:  # the objective is the val loss at the last step
@@ -257,6 +258,6 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
     write_prune(out, pruned, m, data.tokenizer, data.eval_sets, plan.method,
                 f"{unit.scale} {unit.family} seed {unit.seed}: ")
     flat = {"step": plan.finetune_steps, HISTORY: "[]", DONE: 1, KEPT: json.dumps(m["heads_kept"]), WORK: m["seconds"],
-            **{k: m[k] for k in EVAL_PARAMS}, **_DEVICE, **_precision(unit), **metric_names.timing(m["timing"]),
+            **{k: m[k] for k in EVAL_PARAMS}, **_run_params(unit), **metric_names.timing(m["timing"]),
             **metric_names.flatten_prune(m, data.eval_sets, plan.recovery_steps)}
     tune.report(flat, checkpoint=tune.Checkpoint.from_directory(str(out)))

@@ -5,6 +5,7 @@ as Ray packs them on a GPU node — each records the GPU it was given — while 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -41,7 +42,7 @@ def test_a_gpu_torch_cannot_use_stops_the_trial_and_a_simulated_one_is_recorded(
     line naming the GPU, the torch build and the switch; with it the task keeps GPU 0 as its record and CUDA is
     hidden from torch; a task without a GPU claims nothing."""
     r = subprocess.run([sys.executable, "-c", _CLAIM], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**__import__("os").environ, "RAY_USAGE_STATS_ENABLED": "0"})
+                       env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     err = out["real"]["error"]
