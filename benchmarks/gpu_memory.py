@@ -6,8 +6,9 @@ lightning_modules.train.train_lm (what a trial does), on the embedded corpus, an
   - the peak during the final evaluation, and the device every final evaluation ran on,
   - the device the recovery fine-tune (lightning_modules.pruning.finetune) hands its model back on,
   - tokens/s of the fit.
-Written to JSON for the memory plan to be checked against (peak per unit). On a machine without CUDA it says so in
-one line and exits 2, unless `--device cpu` (then it records the devices only: a CPU has no allocator peak).
+Written to JSON beside the plan's estimate for the same trial (lightning_modules.memory) and their ratio. On a
+machine without CUDA it says so in one line and exits 2, unless `--device cpu` (then it records the devices only:
+a CPU has no allocator peak; benchmarks/plan_memory.py checks the estimate on the CPU).
 
     python benchmarks/gpu_memory.py [--configs m:32:256:bf16-mixed,l:32:256:bf16-mixed] [--steps 30] [--out F]
 """
@@ -30,6 +31,7 @@ def measure(spec: str, steps: int, device: str) -> dict:
     import lightning_modules.train as T
     from lightning_modules.config import DataConfig, model_config_for, train_config_for
     from lightning_modules.costs import param_counts
+    from lightning_modules.memory import train_memory
     from lightning_modules.pruning import finetune
 
     scale, batch, seq_len, precision = spec.split(":")
@@ -66,7 +68,11 @@ def measure(spec: str, steps: int, device: str) -> dict:
     finally:
         T.evaluate_all = original
     counts = param_counts(mc.model_copy(update={"vocab_size": res.data.vocab_size}))
+    # the plan's estimate for this trial (what --plan packs GPUs by)
+    plan = train_memory(mc.model_copy(update={"vocab_size": res.data.vocab_size}), int(batch), int(seq_len),
+                        precision).peak
     return {
+        "plan_estimate_bytes": plan, "measured_over_plan": fit_peak / plan if fit_peak else None,
         "config": spec, "scale": scale, "batch_size": int(batch), "seq_len": int(seq_len), "precision": precision,
         "params": counts.total, "vocab_size": res.data.vocab_size,
         "model": {k: getattr(mc, k) for k in ("d_model", "n_layers", "n_heads", "head_dim", "d_ff")},

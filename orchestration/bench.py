@@ -18,6 +18,7 @@ BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
                     "--warmup", "1"],
     "sweep_reuse": ["--tiny"],
     "compute_share": ["--tiny"],
+    "plan_memory": ["--tiny"],
     "faults": ["--tiny"],  # needs PostgreSQL 15's server binaries and kubectl (benchmarks/stack.py)
     "train_kernels": ["--steps", "6", "--warmup", "2", "--repeats", "1", "--batch-size", "4", "--seq-len", "32",
                 "--compile-backend", "aot_eager"],

@@ -24,6 +24,7 @@ from .bench import add_bench
 from .commands import TRAIN_FLAGS, cmd_prune, cmd_score, cmd_train
 from .frameworks import quiet_frameworks as _quiet_frameworks
 from .plan import pretrained_units
+from .packing import packing_note
 from .preflight import format_table, plan_rows
 from .report import headline_table, write_report
 from .spec import load_sweep, resolve_tracking_uri
@@ -265,6 +266,9 @@ def cmd_sweep(args) -> int:
     if args.simulate_gpus and ddp:
         raise HeadroomInputError(f"--simulate-gpus: scale {ddp[0]} trains data-parallel on GPUs (workers > 1), "
                                  "which needs NCCL on real GPUs; simulate with workers: 1")
+    if sweep.pretrained is None:  # every unit buildable and every GPU's trials fitting it, before Ray or data start
+        _quiet_frameworks()
+        plan_rows(sweep, "plan", planned_vocab_size(sweep.data)[0])
     return run_sweep(sweep, args.file, text, resume=args.resume, address=args.address, tracking_uri=args.tracking_uri,
                      storage=args.storage, progress=not args.quiet, register=args.register,
                      simulate_gpus=args.simulate_gpus)
@@ -290,7 +294,7 @@ def _print_plan(sweep, as_json: bool) -> int:
     if as_json:
         print(json.dumps([r.to_json() for r in rows], indent=1))
     else:
-        print(format_table(rows, f"{vocab} ({how})"))
+        print("\n".join(x for x in (format_table(rows, f"{vocab} ({how})"), packing_note(sweep, rows)) if x))
     return 0
 
 

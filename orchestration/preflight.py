@@ -27,6 +27,7 @@ from lightning_modules.config import (
 from lightning_modules.methods import get_method
 from lightning_modules.prune_plan import PrunePlan
 
+from .packing import check_packing, unit_memory
 from .plan import Unit, build_plan, snapshot_step
 from .resources import trial_resources
 from .spec import Sweep
@@ -72,6 +73,8 @@ class PlanRow:
     # own steps (a distilled control's teacher passes included). Scratch-B and scratch_kd equal their pruned arm
     # to within one of their steps
     arm_train_flops: int = 0
+    # the planned peak memory of one worker of the unit's trial, bytes (orchestration/packing.py)
+    memory_bytes: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -169,7 +172,8 @@ def _prune_cost(sweep: Sweep, u: Unit, plan: PrunePlan, fwd_dense: int, fwd_prun
 
 
 def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: int, est: int, sweep: Sweep,
-         heads: list[int] | None, lr, trials=None, arm_flops: int | None = None) -> PlanRow:
+         heads: list[int] | None, lr, trials=None, arm_flops: int | None = None,
+         dense: ModelConfig | None = None) -> PlanRow:
     t = u.train
     tokens = steps * t.batch_size * t.seq_len
     arm_flops = 3 * fwd * tokens if arm_flops is None else arm_flops
@@ -185,12 +189,13 @@ def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: 
         prune_at=u.prune_at if u.stage == "prune" else None,
         finetune_steps=u.prune.finetune_steps if u.prune else u.finetune_steps,
         recovery=u.recovery if u.prune or u.finetune_steps is not None or u.recovery != "lm" else None,
-        arm_train_flops=int(arm_flops))
+        arm_train_flops=int(arm_flops), memory_bytes=unit_memory(sweep, u, model, dense))
 
 
 def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
     """Every unit of a scales sweep (a pretrained sweep has its checkpoint's model: nothing to plan here), its
-    model built on meta. Raises HeadroomInputError naming the first unit that cannot be built."""
+    model built on meta. Raises HeadroomInputError naming the first unit that cannot be built, or the first scale
+    whose trials share a GPU their planned memory does not fit (orchestration/packing.py)."""
     if sweep.pretrained is not None:
         return []
     searched = sweep.lr is not None and sweep.lr.search is not None
@@ -217,7 +222,8 @@ def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
         teacher = fwd_teacher * t.steps * t.batch_size * t.seq_len
         rows.append(_row(u, "controls", model, params, fwd, t.steps, _train_cost(sweep, t, fwd) + teacher, sweep,
                          list(model.layer_heads), "searched" if searched else t.lr,
-                         arm_flops=3 * fwd * t.steps * t.batch_size * t.seq_len + teacher))
+                         arm_flops=3 * fwd * t.steps * t.batch_size * t.seq_len + teacher,
+                         dense=dense_of[u.dense_key].model))
     for u in sweep_plan.pruned:
         d_model, t = u.model, u.train
         _, fwd_dense = _build(u.name, d_model, t)
@@ -238,14 +244,15 @@ def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
             dense_steps -= cont
         arm = 3 * fwd_dense * dense_steps * bt + 3 * fwd * steps * bt + teacher
         row = _row(u, "prune", pruned, params, fwd, steps, est, sweep, heads,
-                   plan.finetune_lr if plan.finetune_lr is not None else "val-grid", arm_flops=arm)
+                   plan.finetune_lr if plan.finetune_lr is not None else "val-grid", arm_flops=arm, dense=d_model)
         # the fine-tune's rate: fixed by the sweep, or chosen on val from a grid of multiples of the dense rate
         row.lr_source = "sweep" if plan.finetune_lr is not None else (
             "grid " + ",".join(f"{m:g}" for m in sweep.prune.finetune_lr_grid) + " × dense lr")
         rows.append(row)
         if plan.scope == "global":  # its controls' shape: the kept heads spread over the layers
             shape = spread_heads(total, d_model.n_layers, d_model.n_heads)
-            rows += [_control_row(sweep, c, searched) for c in sweep_plan.controls_of(u, shape)]
+            rows += [_control_row(sweep, c, searched, d_model) for c in sweep_plan.controls_of(u, shape)]
+    check_packing(sweep, rows)
     return rows
 
 
@@ -259,12 +266,13 @@ def _kept(model: ModelConfig, plan: PrunePlan) -> tuple[list[int] | None, int]:
     return None, n - min(heads_removed(n, plan.ratio), n - len(layer))
 
 
-def _control_row(sweep: Sweep, u: Unit, searched: bool) -> PlanRow:
-    """A global prune's control: its heads are the prune's choice, so the row lists their total only."""
+def _control_row(sweep: Sweep, u: Unit, searched: bool, dense: ModelConfig) -> PlanRow:
+    """A global prune's control: its heads are the prune's choice, so the row lists their total only. `dense`:
+    its dense model, the teacher of a distilled control."""
     model, t = u.model, u.train
     params, fwd = _build(u.name, model, t)
     return _row(u, "controls", model, params, fwd, t.steps, _train_cost(sweep, t, fwd), sweep, None,
-                "searched" if searched else t.lr)
+                "searched" if searched else t.lr, dense=dense if u.distill is not None else None)
 
 
 # ------------------------------------------------------------------------------------------------ printing
@@ -280,7 +288,7 @@ def _si(x: float) -> str:
 def format_table(rows: list[PlanRow], vocab_note: str) -> str:
     head = ["stage", "scale", "T", "family", "arm", "method", "ratio", "at", "F", "seed", "heads", "head_dim",
             "width", "lr", "steps", "tokens", "params", "FLOPs/tok", "train FLOPs", "arm FLOPs", "est. FLOPs",
-            "resources"]
+            "memory", "resources"]
     table = [head]
     for r in rows:
         heads = (",".join(map(str, r.heads)) if r.heads and len(set(r.heads)) > 1 else
@@ -292,7 +300,7 @@ def format_table(rows: list[PlanRow], vocab_note: str) -> str:
                       "—" if r.prune_at is None else f"{r.prune_at:g}", _show_recovery(r), seed, heads,
                       str(r.head_dim), str(r.attention_width), lr, str(r.steps), _si(r.tokens), _si(r.params),
                       _si(r.flops_per_token), _si(r.train_flops), _si(r.arm_train_flops), _si(r.est_flops),
-                      _show_resources(r.resources)])
+                      _si(r.memory_bytes) + "B", _show_resources(r.resources)])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -308,7 +316,8 @@ def format_table(rows: list[PlanRow], vocab_note: str) -> str:
                  "each layer's. F: the recovery budget (kd: by distillation, each step with the dense teacher's "
                  "forward pass, a third of a dense training step). Arm FLOPs: a prune row's whole pruned arm "
                  "(dense training + recovery), a trained row's own training; Scratch-B and Scratch-KD match their "
-                 "pruned arm's.")
+                 "pruned arm's. Memory: the planned peak of one worker of the unit's trial (weights, gradients, "
+                 "AdamW moments, activations at its batch and precision, the loss's logits).")
     lines.append(cluster_note(rows))
     return "\n".join(lines)
 

@@ -73,6 +73,9 @@ class Resources(Strict):
     cpu: float = Field(default=1, gt=0)
     gpu: float = Field(default=0, ge=0)
     workers: int = Field(default=1, ge=1)
+    # the memory of one of the cluster's GPUs, decimal GB: `--plan` and the sweep refuse a fractional `gpu` that
+    # packs more trials onto a GPU than their planned peaks fit (orchestration/packing.py)
+    gpu_memory_gb: float = Field(default=80, gt=0)
 
     @model_validator(mode="after")
     def _devices(self):
@@ -270,7 +273,7 @@ class Sweep(Strict):
         own = ((self.scales or {}).get(scale) or ScaleSpec()).resources if scale else None
         if own is None:
             return self.resources
-        return Resources(**{**self.resources.as_dict(), **own.model_dump(exclude_none=True)})
+        return Resources(**{**self.resources.model_dump(), **own.model_dump(exclude_none=True)})
 
     def dense_heads(self, scale: str) -> int:
         s = (self.scales or {})[scale]

@@ -189,9 +189,11 @@ def test_fault_campaign_refuses_bad_input_with_one_line(tmp_path):
     assert not (tmp_path / "f.json").exists()
 
 
-def test_gpu_memory_writes_json_and_the_gpu_check_refuses_a_machine_without_cuda(tmp_path):
+def test_gpu_memory_writes_json_and_the_gpu_check_refuses_a_machine_without_cuda(tmp_path, smoke):
     """The GPU check's memory script runs on the CPU at tiny size (devices only: a CPU has no allocator peak) and
-    asserts where evaluation ran; the GPU check itself says in one line that there is no GPU, exit 2."""
+    asserts where evaluation ran; the GPU check itself says in one line that there is no GPU, exit 2. Its summary
+    gathers what is there into one JSON and fails here: evaluation ran on the CPU, the other benchmarks are
+    missing; the smoke sweep stands in for the check sweep's MLflow runs."""
     out = tmp_path / "gpu_memory.json"
     r = subprocess.run([sys.executable, "benchmarks/gpu_memory.py", "--device", "cpu", "--configs",
                         "xs:2:16:bf16-mixed", "--steps", "4", "--out", str(out)],
@@ -202,6 +204,24 @@ def test_gpu_memory_writes_json_and_the_gpu_check_refuses_a_machine_without_cuda
     assert res["benchmark"] == "gpu_memory" and res["evaluation_on_device"] is True
     assert row["eval_devices"] == ["cpu"] and row["model_device_after_finetune"] == "cpu"
     assert row["peak_bytes_train_and_eval"] is None and row["params"] > 0
+    assert row["plan_estimate_bytes"] > 16 * row["params"] and row["measured_over_plan"] is None
+    import mlflow
+
+    uri = f"sqlite:///{smoke['cwd'] / 'mlflow.db'}"
+    (tmp_path / "sweep.json").write_text(json.dumps({"exit": 0, "tracking_uri": uri, "experiment": "smoke"}))
+    r = subprocess.run([sys.executable, "benchmarks/gpu_summary.py", str(tmp_path)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 1, r.stderr[-2000:]
+    check = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert check["evaluation_on_cuda"] is False and check["meets_goal"] is False
+    assert set(check["missing"]) == {"train_overhead", "ablation_batched", "prune_speed", "train_kernels"}
+    assert check["peak_memory"] == [{k: row[k] for k in ("config", "peak_bytes_train_and_eval", "plan_estimate_bytes",
+                                                          "measured_over_plan", "tokens_per_s")}]
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("smoke").experiment_id], max_results=10000)
+    evaluated = [x for x in runs if "eval_device" in x.data.params]
+    assert evaluated and check["sweep"]["runs"] == len(runs)
+    assert check["sweep"]["eval_devices"] == {"cpu": len(evaluated)}
     import os
 
     import torch
@@ -211,6 +231,28 @@ def test_gpu_memory_writes_json_and_the_gpu_check_refuses_a_machine_without_cuda
                            text=True, timeout=120, env={**os.environ, "PYTHON": sys.executable})
         assert r.returncode == 2
         assert r.stderr.strip().splitlines() == ["gpu_check: no CUDA GPU is visible on this machine"]
+
+
+def test_plan_memory_measures_real_training_steps_against_the_plan(tmp_path):
+    """The plan's estimate against the peak RSS of real steps on the CPU: the JSON's ratios are its own
+    measurements over its own estimates, and no step ever needed more than the plan gives it (an undercount would
+    overpack GPUs). Memory, unlike time, does not flake with the machine's load."""
+    from lightning_modules.config import model_config_for
+    from lightning_modules.memory import train_memory
+
+    res = _run("plan_memory.py", tmp_path / "m.json", "--tiny")
+    assert res["benchmark"] == "plan_memory" and res["size"] == "tiny" and len(res["rows"]) == 3
+    lo, hi = res["band"]
+    for row in res["rows"]:
+        family, scale, batch, seq, precision, vocab, *kd = row["config"].split(":")
+        est = train_memory(model_config_for(scale, family=family, vocab_size=int(vocab)), int(batch), int(seq),
+                           precision, teacher=model_config_for(kd[0], family=family, vocab_size=int(vocab))
+                           if kd else None)
+        assert row["estimate"]["train"] == est.train and row["estimate"]["evaluation"] == est.evaluation
+        assert row["ratio_train"] == pytest.approx(row["measured"]["train"] / est.train)
+        assert row["ratio_evaluation"] == pytest.approx(row["measured"]["evaluation"] / est.evaluation)
+        assert lo <= row["ratio_train"] <= hi and row["ratio_evaluation"] <= hi
+    assert res["meets_goal"] == all(lo <= r[k] <= hi for r in res["rows"] for k in ("ratio_train", "ratio_evaluation"))
 
 
 def test_data_scale_writes_json(tmp_path):
