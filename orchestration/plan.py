@@ -43,7 +43,6 @@ from .unit import (  # noqa: F401 - the unit's names, where the stages, trials a
     arch_key,
     cell_label,
     scale_rank,
-    split_label,
 )
 
 

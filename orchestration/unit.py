@@ -41,24 +41,33 @@ TAG_FIELDS = tuple(a.tag or a.name for a in AXES)  # headroom.<field>: declared 
 SNAPSHOTS_DIR = "snapshots"  # a dense run's kept checkpoints (step<k>.ckpt) for pruning at p·T, beside its model
 
 
-def cell_label(scale: str, budget: int | None) -> str:
-    """What the report and summaries call a scale trained at one of several budgets T: "s-T1500" (a single
-    budget: "s"), as in the run names."""
-    return scale if budget is None else f"{scale}-T{budget}"
+class Cell(str):
+    """A cell of the report: a scale trained at one dense budget T. Its text is what the report, the summaries and
+    the run names call it — "s-T1500", or "s" when the scale has one budget — and it carries both parts, so that
+    nothing parses the text back: `cell.scale` ("s"), `cell.budget` (1500 or None). It compares, hashes, sorts and
+    serialises as its text."""
+
+    __slots__ = ("budget", "scale")
+
+    def __new__(cls, scale: str, budget: int | None):
+        self = super().__new__(cls, scale if budget is None else f"{scale}-T{budget}")
+        self.scale, self.budget = str(scale), budget
+        return self
+
+    def __reduce__(self):
+        return Cell, (self.scale, self.budget)
 
 
-def split_label(label: str) -> tuple[str, int | None]:
-    """cell_label's inverse: ("s", 1500) or ("s", None)."""
-    scale, _, budget = label.partition("-T")
-    return scale, int(budget) if budget else None
+def cell_label(scale: str, budget: int | None) -> Cell:
+    """The cell of `scale` at `budget` (None: the scale's one budget)."""
+    return Cell(scale, budget)
 
 
-def scale_rank(label: str) -> tuple[int, int]:
-    """Scale labels in the order of the presets (xs, s, m, ...; a pretrained checkpoint last); the budgets of one
-    scale ("s-T500", "s-T1500") in increasing order."""
-    name, budget = split_label(label)
+def scale_rank(cell: Cell) -> tuple[int, int]:
+    """Cells in the order of the presets (xs, s, m, ...; a pretrained checkpoint last); the budgets of one scale
+    ("s-T500", "s-T1500") in increasing order."""
     names = list(SCALES)
-    return (names.index(name) if name in names else len(names)), budget or 0
+    return (names.index(cell.scale) if cell.scale in names else len(names)), cell.budget or 0
 
 
 class ProbeRun(ProbeSpec):

@@ -22,8 +22,14 @@ from orchestration.report.diagnostics import (
     doubling_gain,
     informative_beats_random,
 )
+from orchestration.unit import Cell
 
 SEEDS = (0, 1, 2)
+
+
+def cells(*scales: str) -> list[Cell]:
+    """The report's order of cells: these scales, each at its one budget."""
+    return [Cell(s, None) for s in scales]
 CHECKS = ("dense_vs_scratch_e", "larger_scale_not_worse", "informative_beats_random", "converged")
 
 
@@ -255,7 +261,7 @@ def test_converged_by_hand():
     assert doubling_gain(2.0, 1.8, 100, 200) == pytest.approx(0.1)
     assert doubling_gain(2.0, 1.8, 100, 400) == pytest.approx(0.05)
     data = sweep(half_gain=0.1)  # L(50) = 1.1 × L(100): 1 − 1/1.1 = 9.1% per doubling
-    d = converged(data.runs, "s", "decoder", ["xs", "s"], 0.05)
+    d = converged(data.runs, Cell("s", None), "decoder", cells("xs", "s"), 0.05)
     assert d.state == FAILED and "9.1% per doubling" in d.detail and "half-budget" in d.detail
 
 
@@ -282,7 +288,7 @@ def test_converged_judges_real_undertrained_models_by_more_training(xs_decoder_m
     def state(t, half):
         runs = [_run("dense", "xs", 0, {"final/id/loss": loss[t]}, {"steps": str(t)}),
                 _run("dense_half", "xs", 0, {"final/id/loss": loss[half]}, {"steps": str(half)})]
-        return converged(runs, "xs", "decoder", ["xs"], 0.05).state
+        return converged(runs, Cell("xs", None), "decoder", cells("xs"), 0.05).state
 
     assert state(100, 50) == FAILED and state(300, 150) == FAILED
     assert g100 > 0.05 and g300 > 0.05
@@ -301,7 +307,7 @@ def test_converged_false_pass_rate_and_power():
             half = 2.0 / (1 - gain) * (1 + rng.gauss(0, 0.015))
             runs = [_run("dense", "xs", 0, {"final/id/loss": full}, {"steps": "300"}),
                     _run("dense_half", "xs", 0, {"final/id/loss": half}, {"steps": "150"})]
-            hits += converged(runs, "xs", "decoder", ["xs"], 0.05).state == PASSED
+            hits += converged(runs, Cell("xs", None), "decoder", cells("xs"), 0.05).state == PASSED
         return hits / SIMS
 
     false_pass, power = pass_rate(0.08), pass_rate(0.02)
@@ -324,7 +330,7 @@ def test_a_comparison_that_could_not_run_never_hides_one_that_failed():
     runs = [_run("dense", "m", s, {"final/id/loss": 3.0 + 0.01 * s}) for s in (0, 1, 2)]
     runs += [_run("dense", "s", s, {"final/id/loss": 2.0 + 0.01 * s}) for s in (0, 1, 2)]
     runs += [_run("dense", "xs", 0, {"final/id/loss": 2.2})]
-    assert larger_scale_not_worse(runs, "m", "decoder", ["xs", "s", "m"], 0.05).state == FAILED
+    assert larger_scale_not_worse(runs, Cell("m", None), "decoder", cells("xs", "s", "m"), 0.05).state == FAILED
 
 
 def test_the_rank_test_says_it_could_not_run_when_no_outcome_can_pass():

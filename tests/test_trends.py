@@ -177,6 +177,25 @@ def test_the_sweep_summary_lists_cells_in_scale_and_budget_order():
     assert cells == ["xs-T100", "xs-T300", "xs-T900", "s-T100", "s-T300", "s-T900"], lines
 
 
+def test_a_cell_carries_its_scale_and_budget_and_reads_as_its_label():
+    """The report keys, prints and serialises a cell by its label and reads its scale and budget from the cell
+    itself (nothing parses "s-T1500" back); copies (asdict, pickle) keep both parts."""
+    import copy
+    import pickle
+
+    from orchestration.plan import scale_rank
+    from orchestration.unit import Cell
+
+    c = Cell("s", 1500)
+    assert (c, c.scale, c.budget) == ("s-T1500", "s", 1500) and Cell("s", None) == "s"
+    assert json.dumps({"scale": c}) == '{"scale": "s-T1500"}' and f"{c}" == "s-T1500" and hash(c) == hash("s-T1500")
+    for twin in (copy.deepcopy(c), pickle.loads(pickle.dumps(c))):
+        assert type(twin) is Cell and (twin.scale, twin.budget) == ("s", 1500)
+    order = [Cell("m", None), Cell("s", 1500), Cell("xs", 900), Cell("s", 300), Cell("ckpt", None)]
+    assert sorted(order, key=scale_rank) == ["xs-T900", "s-T300", "s-T1500", "m", "ckpt"]
+    assert all(type(r.scale) is Cell for r in sweep_runs(lambda *_: 0.0))
+
+
 # ------------------------------------------------------------------------------------ in-memory sweeps
 
 def _run(arm, scale, seed, metrics, params=None, **tags):

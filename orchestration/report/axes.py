@@ -95,7 +95,7 @@ FIT_TEXT = ("Each cell (a scale at one budget; `s-T1500` is scale s trained 1500
 def across_scales_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
     doc.h(2, "6. Across scales")
     rows = [t for t in rep.trends if t.axis == "params"]
-    scales = sorted({p.cell.partition("-T")[0] for t in rep.trends for p in t.points})
+    scales = sorted({p.cell.scale for t in rep.trends for p in t.points})
     if not rows:
         doc.p(f"Not tested: a slope across model sizes needs at least three scales at one budget (this sweep fits "
               f"{len(scales)}: {', '.join(scales) or 'none'}); with two, any difference between two architectures "

@@ -43,7 +43,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 
 from .. import metrics as M
-from ..plan import HALF_ARM, split_label
+from ..plan import HALF_ARM
+from ..unit import Cell
 from .stats import t_interval
 
 EVAL_SET = "id"
@@ -53,7 +54,7 @@ STATES = (PASSED, FAILED, NOT_APPLICABLE, COULD_NOT_RUN)
 
 @dataclass(frozen=True)
 class Diagnostic:
-    scale: str
+    scale: Cell
     family: str
     check: str
     state: str  # passed | failed | not_applicable | could_not_run
@@ -73,7 +74,7 @@ def _key() -> str:
     return M.loss(M.FINAL, EVAL_SET)
 
 
-def _dense(runs, scale: str, family: str, arm: str = "dense") -> dict:
+def _dense(runs, scale: Cell, family: str, arm: str = "dense") -> dict:
     return {r.seed: r for r in runs if (r.arm, r.scale, r.family) == (arm, scale, family) and _key() in r.metrics}
 
 
@@ -84,7 +85,7 @@ def _combine(scale, family, name, failed: bool, short: list, parts: list, used: 
     return Diagnostic(scale, family, name, state, "; ".join(parts + short), max(used) if used else None)
 
 
-def dense_vs_scratch_e(runs, scale: str, family: str, margin: float) -> Diagnostic:
+def dense_vs_scratch_e(runs, scale: Cell, family: str, margin: float) -> Diagnostic:
     name = "dense_vs_scratch_e"
     dense = _dense(runs, scale, family)
     ctrl = defaultdict(dict)
@@ -110,7 +111,7 @@ def dense_vs_scratch_e(runs, scale: str, family: str, margin: float) -> Diagnost
     return _combine(scale, family, name, failed, short, parts, used)
 
 
-def larger_scale_not_worse(runs, scale: str, family: str, order: list[str], margin: float) -> Diagnostic:
+def larger_scale_not_worse(runs, scale: Cell, family: str, order: list[Cell], margin: float) -> Diagnostic:
     from scipy import stats
 
     name = "larger_scale_not_worse"
@@ -118,8 +119,7 @@ def larger_scale_not_worse(runs, scale: str, family: str, order: list[str], marg
     def losses(cell):
         return [r.metrics[_key()] for r in _dense(runs, cell, family).values()]
 
-    base, budget = split_label(scale)
-    smaller = [s for s in order[:order.index(scale)] if split_label(s)[1] == budget and split_label(s)[0] != base] \
+    smaller = [s for s in order[:order.index(scale)] if s.budget == scale.budget and s.scale != scale.scale] \
         if scale in order else []
     if not smaller:
         return Diagnostic(scale, family, name, NOT_APPLICABLE, "no smaller scale at this budget in the sweep")
@@ -168,7 +168,7 @@ def one_ratio_per_seed(seeds: list[int], ratios_of: dict) -> list[tuple[int, flo
     return out
 
 
-def informative_beats_random(runs, scale: str, family: str, method: str) -> Diagnostic:
+def informative_beats_random(runs, scale: Cell, family: str, method: str) -> Diagnostic:
     name = "informative_beats_random"
     key = M.loss(M.PRE_FT, EVAL_SET)
     by = defaultdict(lambda: defaultdict(dict))  # method -> seed -> ratio -> loss, or the random draws' losses
@@ -225,16 +225,15 @@ def _steps(r) -> int | None:
         return None
 
 
-def converged(runs, scale: str, family: str, order: list[str], threshold: float) -> Diagnostic:
+def converged(runs, scale: Cell, family: str, order: list[Cell], threshold: float) -> Diagnostic:
     name = "converged"
     dense = _dense(runs, scale, family)
     t_long = {_steps(r) for r in dense.values()} - {None}
     if not dense or len(t_long) != 1:
         return Diagnostic(scale, family, name, COULD_NOT_RUN, "no dense run with its budget recorded")
     T = t_long.pop()
-    base, _ = split_label(scale)
     # the next smaller budget of the same scale (a budget sweep), else the planned half-budget run
-    smaller = [c for c in order if split_label(c)[0] == base and c != scale
+    smaller = [c for c in order if c.scale == scale.scale and c != scale
                and {_steps(r) for r in _dense(runs, c, family).values()} and
                max(_steps(r) or 0 for r in _dense(runs, c, family).values()) < T]
     if smaller:
@@ -261,7 +260,7 @@ def converged(runs, scale: str, family: str, order: list[str], threshold: float)
     return Diagnostic(scale, family, name, PASSED if ok else FAILED, detail, threshold)
 
 
-def diagnose(runs, scale_families: list[tuple[str, str]], order: list[str], method: str, margin: float,
+def diagnose(runs, scale_families: list[tuple[Cell, str]], order: list[Cell], method: str, margin: float,
              threshold: float) -> list[Diagnostic]:
     out = []
     for scale, family in scale_families:
@@ -281,11 +280,11 @@ SHORT = {
 }
 
 
-def untrustworthy(diags: list[Diagnostic], scale: str, family: str) -> list[str]:
+def untrustworthy(diags: list[Diagnostic], scale: Cell, family: str) -> list[str]:
     """The reasons (failed checks) that make (scale, family) untrustworthy; empty when none failed."""
     return [SHORT[d.check] for d in diags if (d.scale, d.family) == (scale, family) and d.state == FAILED]
 
 
-def unverified(diags: list[Diagnostic], scale: str, family: str) -> list[str]:
+def unverified(diags: list[Diagnostic], scale: Cell, family: str) -> list[str]:
     """The checks that could not run at (scale, family): its verdict is unverified."""
     return [d.check for d in diags if (d.scale, d.family) == (scale, family) and d.state == COULD_NOT_RUN]

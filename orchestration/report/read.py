@@ -19,7 +19,7 @@ from ..axes import read_tags
 from ..plan import cell_label, expected_names
 from ..runstore import mlflow_client, search_runs
 from ..spec import Sweep
-from ..unit import SCORES_FILE, WINDOWS_FILE
+from ..unit import SCORES_FILE, WINDOWS_FILE, Cell
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Run:
     params: dict
     stage: str = field(init=False)
     arm: str = field(init=False)
-    scale: str = field(init=False)  # with its budget when the scale lists several: "s-T1500" (a cell)
+    scale: Cell = field(init=False)  # the cell: with its budget when the scale lists several, "s-T1500"
     heads: str = field(init=False)
     family: str = field(init=False)
     method: str = field(init=False)
@@ -56,8 +56,7 @@ class Run:
         for name, value in read_tags(self.tags).items():  # every axis of orchestration/axes.py
             if name != "key":
                 setattr(self, name, value)
-        if self.budget is not None:  # each budget of a scale is a cell of its own: "s-T1500"
-            self.scale = cell_label(self.scale, self.budget)
+        self.scale = cell_label(self.scale, self.budget)  # each budget of a scale is a cell of its own: "s-T1500"
         if self.finetune_steps is None and self.arm == "pruned":
             self.finetune_steps = int(self.params.get("finetune_steps", 0))
 

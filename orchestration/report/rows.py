@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..unit import Cell
+
 Heads = int | list[int] | None  # uniform count, per-layer counts, or unknown
 
 
@@ -13,7 +15,7 @@ class Comparison:
     """Half (2): a pruned group against a control of its head count, paired by seed on one eval set.
     diff = control − pruned (positive: pruning wins)."""
 
-    scale: str
+    scale: Cell
     family: str
     ratio: float
     heads_dense: Heads
@@ -49,7 +51,7 @@ class Comparison:
 class Prunable:
     """Half (1): the mean pruned loss before fine-tune against the same dense models' mean, at one ratio."""
 
-    scale: str
+    scale: Cell
     family: str
     method: str
     eval_set: str
@@ -70,7 +72,7 @@ class Prunable:
 class CurvePoint:
     """A prune curve's point: the mask-only curve (finetune_steps 0) or a swept ratio after fine-tune."""
 
-    scale: str
+    scale: Cell
     family: str
     method: str
     eval_set: str
@@ -88,7 +90,7 @@ class CurvePoint:
 
 @dataclass
 class Cost:
-    scale: str
+    scale: Cell
     arm: str
     runs: int
     cpu_h: float
@@ -102,7 +104,7 @@ class Cost:
 class LearningRate:
     """Every arm's rate and where it came from; a pruned arm's recovery fine-tune's too."""
 
-    scale: str
+    scale: Cell
     family: str
     arm: str
     ratio: float | None
@@ -122,7 +124,7 @@ class LearningRate:
 class EvalInfo:
     """How an eval set was measured: tokens each run is scored on, windows left out as copies of training text."""
 
-    scale: str
+    scale: Cell
     family: str
     eval_set: str
     tokens: int
@@ -137,7 +139,7 @@ class Timing:
     """Prune timing: the pruned models' final loss (after training on to T and the recovery fine-tune) when the
     heads went at a fraction `prune_at` of T, with the paired difference to pruning the trained model (prune_at 1)."""
 
-    scale: str
+    scale: Cell
     family: str
     ratio: float
     method: str
@@ -164,7 +166,7 @@ class Timing:
 
 @dataclass
 class TrendPoint:
-    cell: str  # scale label ("s" or "s-T1500")
+    cell: Cell  # "s", or "s-T1500" when the scale lists several budgets
     tokens_per_param: float  # training tokens per non-embedding parameter of the dense model
     params: float  # non-embedding parameters of the dense model
     n_seeds: int
@@ -211,7 +213,7 @@ class ProbeSlack:
     """Probes: the prunable fraction measured while the dense runs trained (mean over seeds), at init, at its lowest
     after init, and at the end; `late`: it grows again after its low (slack appears late in training)."""
 
-    scale: str
+    scale: Cell
     family: str
     init: float
     low: float
@@ -226,7 +228,7 @@ class Redundancy:
     """Probes: mean pairwise CKA of a layer's head outputs at init and after training, paired over seeds;
     `verdict` of init − trained (supported: heads more similar at init)."""
 
-    scale: str
+    scale: Cell
     family: str
     n_seeds: int
     init: float
@@ -244,7 +246,7 @@ class RecoveryTrend:
     (increasing), each budget's sign at the Bonferroni level (+1: pruning better, −1: the control better, 0: not
     established) and the first pair of budgets between which the sign changes (None: no change established)."""
 
-    scale: str
+    scale: Cell
     family: str
     ratio: float
     control: str
@@ -264,7 +266,7 @@ class Replication:
     """Section 4: one primary comparison (cell, family, ratio, control) on every eval set — its verdict and mean
     difference per set (a set without the comparison is absent) and whether the verdicts agree."""
 
-    scale: str
+    scale: Cell
     family: str
     ratio: float
     control: str

@@ -39,7 +39,7 @@ from collections import defaultdict
 from lightning_modules.arms import control_names
 
 from .. import metrics as M
-from ..plan import scale_rank, split_label
+from ..plan import scale_rank
 from .analysis import (
     PRIMARY,
     by_scale,
@@ -237,8 +237,8 @@ def _group_rows(f: dict) -> list[dict]:
 
 def _all_cells(pts: list, axis: str) -> list[tuple[str, float, float]]:
     if axis == "tokens_per_param":
-        return [(split_label(c)[0], math.log10(tpp), mean(g)) for c, tpp, _, g in pts]
-    return [(str(split_label(c)[1]), math.log10(p), mean(g)) for c, _, p, g in pts]
+        return [(c.scale, math.log10(tpp), mean(g)) for c, tpp, _, g in pts]
+    return [(str(c.budget), math.log10(p), mean(g)) for c, _, p, g in pts]
 
 
 def _fit_row(family, ratio, control, axis, fit, pts, used, points, left_out, shaky, budget=None,
@@ -292,14 +292,14 @@ def trends(runs: list[Run], exclude: frozenset = frozenset(), unverified: frozen
         if row is not None:
             out.append(row)
         # across scales: one fit per budget (step count), one cell per scale
-        for budget in sorted({split_label(c)[1] for c, *_ in pts}, key=lambda b: b or 0):
-            at = [p for p in pts if split_label(p[0])[1] == budget]
-            if len({split_label(p[0])[0] for p in at}) < MIN_SCALES_ACROSS:
+        for budget in sorted({c.budget for c, *_ in pts}, key=lambda b: b or 0):
+            at = [p for p in pts if p[0].budget == budget]
+            if len({p[0].scale for p in at}) < MIN_SCALES_ACROSS:
                 continue
-            mine = [p for p in used if split_label(p[0])[1] == budget]
-            gone = [c for c in left_out if split_label(c)[1] == budget]
+            mine = [p for p in used if p[0].budget == budget]
+            gone = [c for c in left_out if c.budget == budget]
             row = _fit_row(family, ratio, control, "params", "across_scales", at, mine,
-                           [p for p in points if split_label(p.cell)[1] == budget], gone, shaky, budget,
+                           [p for p in points if p.cell.budget == budget], gone, shaky, budget,
                            ACROSS_NOTE)
             if row is not None:
                 out.append(row)
