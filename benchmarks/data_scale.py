@@ -148,7 +148,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds of trial setups")
     ap.add_argument("--bpe-vocab", type=int, default=8192)
     ap.add_argument("--seq-len", type=int, default=SEQ_LEN)
-    ap.add_argument("--tiny", action="store_true", help="CI size: 0.2 MB and 0.8 MB, BPE 512, 2 rounds")
+    ap.add_argument("--tiny", action="store_true",
+                    help="CI size: 0.2 MB and 0.8 MB, BPE 512, 2 rounds and no warm-up round (it checks the JSON)")
     ap.add_argument("--workdir", default=None, help="where the corpora and caches go (default: a temporary dir)")
     ap.add_argument("--out", default="benchmarks/results/data_scale.json")
     args = ap.parse_args(argv)
@@ -179,7 +180,7 @@ def main(argv=None) -> dict:
         return side
 
     sides = {n: setup(n) for n in ("small", "large")}
-    rounds = interleave(sides, args.repeats)
+    rounds = interleave(sides, args.repeats, warmup_rounds=0 if args.tiny else 1)
     samples = [{"order": r["order"], **{f"{n}_{k}": r[n][k] for n in ("small", "large")
                                         for k in ("seconds", "peak_rss_mb")}} for r in rounds]
     time_ratio = summarize([s["large_seconds"] / s["small_seconds"] for s in samples], at_most(GOAL))

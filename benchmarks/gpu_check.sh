@@ -21,7 +21,12 @@ if ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 "$py" -c "import torch, transformers, pytorch_lightning as pl; print('torch', torch.__version__, 'transformers', transformers.__version__, 'lightning', pl.__version__)"
-rm -f "$out/sweep.json"
+# nothing from an earlier run is summarised as measured now
+rm -f "$out/sweep.json" "$out/gpu_check.json"
+"$py" -c "
+import json
+print('\n'.join(n for n in json.load(open('benchmarks/gpu_sizes.json')) if n != '_doc'))" \
+    | while read -r name; do rm -f "$out/$name.json"; done
 # each benchmark under its own limit (never past the budget), with the arguments `headroom bench --gpu` uses
 # (benchmarks/gpu_sizes.json)
 while read -r name limit args; do
@@ -31,9 +36,8 @@ while read -r name limit args; do
     if [ "$limit" -le 5 ]; then echo "== $name: skipped, the budget is spent"; continue; fi
     t0=$SECONDS
     echo "== $name (limit ${limit}s): $args"
-    rm -f "$out/$name.json"
     # shellcheck disable=SC2086  # the arguments are words of the JSON list
-    timeout "$limit" "$py" "benchmarks/$name.py" $args --out "$out/$name.json" 2>&1 \
+    timeout -k 10 "$limit" "$py" "benchmarks/$name.py" $args --out "$out/$name.json" < /dev/null 2>&1 \
         | grep -v -E "^(GPU|TPU|HPU|LOCAL_RANK|💡)"
     echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s"
 done < <("$py" -c "
@@ -46,8 +50,8 @@ if [ -z "${ONLY:-}" ] && "$py" -c "import ray, mlflow" 2> /dev/null && [ "$left"
     echo "== sweep sweeps/gpu-check.yaml (limit ${left}s)"
     rm -rf "$out/mlflow.db" "$out/sweep"
     uri="sqlite:///$PWD/$out/mlflow.db"
-    timeout "$left" "$py" -m orchestration.cli sweep sweeps/gpu-check.yaml --quiet --storage "$PWD/$out/sweep" \
-        --tracking-uri "$uri"
+    timeout -k 10 "$left" "$py" -m orchestration.cli sweep sweeps/gpu-check.yaml --quiet --storage "$PWD/$out/sweep" \
+        --tracking-uri "$uri" < /dev/null
     printf '{"exit": %d, "tracking_uri": "%s", "experiment": "gpu-check"}\n' $? "$uri" > "$out/sweep.json"
 else
     echo "== sweep: not run (needs Ray and MLflow installed, and a minute of the budget)"

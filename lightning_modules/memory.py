@@ -103,18 +103,50 @@ def train_memory(cfg: ModelConfig, batch_size: int, seq_len: int, precision: str
     if teacher is not None:
         static += 4 * param_counts(teacher).total
         act += KD_BYTES * cfg.vocab_size * tokens
-    eval_tokens = (eval_batch_size or batch_size) * seq_len
-    logits = (3 if cfg.family == "decoder" else 2) * 4 * cfg.vocab_size  # fp32 logits, (shifted copy), log-softmax
-    evaluation = 12 * p + (logits + _widest_layer(cfg)) * eval_tokens  # with the weights and moments held
+    evaluation = 12 * p + forward_bytes(cfg, (eval_batch_size or batch_size) * seq_len)  # weights, moments held
     return MemoryEstimate(params=p, static=static, activations=act, transient=transient, evaluation=evaluation)
 
 
+def forward_bytes(cfg: ModelConfig, tokens: int) -> int:
+    """An fp32 forward pass and its loss without autograd: the logits, the decoder's shifted copy and the
+    log-softmax, and the widest layer's intermediate tensors, per token."""
+    logits = (3 if cfg.family == "decoder" else 2) * 4 * cfg.vocab_size
+    return (logits + _widest_layer(cfg)) * tokens
+
+
+# how a scoring method holds memory (methods.Method.memory), all in fp32 (scoring runs without autocast):
+#   weights   — the weights only (magnitude, random);
+#   backward  — a forward and backward pass at the calibration batch, parameters frozen (gradient, l0): an upper
+#               bound, since frozen weights spare the saved inputs of their products;
+#   rows      — forward passes of one copy of the batch per masked head, up to `rows` rows at once (ablation;
+#               256 on a GPU, one batch on a CPU);
+#   attention — one forward pass returning every layer's attention map, B × heads × T × T each, beside the
+#               forward's temporaries and one layer's scores, then the entropy's three map-sized temporaries
+#               (entropy, confidence).
+SCORING_MEMORY = ("weights", "backward", "rows", "attention")
+
+
+def scoring_memory(kind: str, cfg: ModelConfig, batch_size: int, seq_len: int, rows: int = 1) -> int:
+    """Peak bytes of scoring `cfg`'s heads on batches of `batch_size` × `seq_len` (see SCORING_MEMORY)."""
+    weights = 4 * param_counts(cfg).total
+    tokens = batch_size * seq_len
+    if kind == "weights":
+        return weights
+    if kind == "backward":
+        return weights + (activation_bytes(cfg, "32-true") + 8 * cfg.vocab_size) * tokens
+    if kind == "rows":  # one copy of the batch per masked head, at most `rows` rows (or one batch) per pass
+        copies = min(sum(cfg.layer_heads) * batch_size, max(rows, batch_size))
+        return weights + forward_bytes(cfg, copies * seq_len)
+    if kind == "attention":  # every layer's map kept; beside them the forward's own, then the entropy's, temporaries
+        one = 4 * batch_size * max(cfg.layer_heads) * seq_len**2
+        maps = sum(4 * batch_size * h * seq_len**2 for h in cfg.layer_heads)
+        return weights + maps + max(forward_bytes(cfg, tokens) + one, 3 * one)
+    raise ValueError(f"scoring memory {kind!r}: one of {', '.join(SCORING_MEMORY)}")
+
+
 def prune_memory(dense: ModelConfig, pruned: ModelConfig, batch_size: int, seq_len: int, precision: str,
-                 distill: bool = False) -> int:
-    """Peak of a prune trial: scoring the dense model (its weights, activations at the batch; parameters frozen,
-    an upper bound for every method), or the recovery fine-tune of the pruned model with the dense model still
-    held (as its teacher when it distils)."""
-    scoring = train_memory(dense, batch_size, seq_len, precision)
-    score_peak = 4 * scoring.params + scoring.activations + scoring.transient
-    ft = train_memory(pruned, batch_size, seq_len, precision, teacher=dense)
-    return max(score_peak, ft.peak if distill else 4 * scoring.params + ft.peak)
+                 scoring: int, distill: bool = False) -> int:
+    """Peak of a prune trial: `scoring` (scoring_memory of its method), or the recovery fine-tune of the pruned
+    model with the dense model still held (its fp32 weights; as the teacher when it distils)."""
+    ft = train_memory(pruned, batch_size, seq_len, precision, teacher=dense if distill else None)
+    return max(scoring, ft.peak + (0 if distill else 4 * param_counts(dense).total))

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from .memory import SCORING_MEMORY
+
 
 def _fixed(passes: float) -> Callable[..., float]:
     return lambda n_heads, batch_tokens, calibration_tokens, options: passes
@@ -26,7 +28,8 @@ class Method:
     "module:function" path. `passes(n_heads, batch_tokens, calibration_tokens, options)`: forward-pass equivalents
     per calibration token of one scoring round (a backward ≈ 2 forwards), what `--plan` multiplies by the
     calibration tokens and the dense model's forward FLOPs per token. `needs_calibration`: whether it reads data.
-    `options`: the scorer's keyword defaults that its cost depends on (passed to `passes`)."""
+    `options`: the scorer's keyword defaults that its cost depends on (passed to `passes`). `memory`: how it holds
+    accelerator memory, one of lightning_modules.memory.SCORING_MEMORY, which `--plan` packs GPUs by."""
 
     name: str
     scorer: str | Callable
@@ -34,6 +37,11 @@ class Method:
     needs_calibration: bool = True
     options: Mapping = field(default_factory=dict)
     description: str = ""
+    memory: str = "backward"
+
+    def __post_init__(self):
+        if self.memory not in SCORING_MEMORY:
+            raise ValueError(f"method {self.name}: memory {self.memory!r} is not one of {', '.join(SCORING_MEMORY)}")
 
     def score_fn(self) -> Callable:
         if callable(self.scorer):
@@ -70,20 +78,21 @@ def get_method(name: str) -> Method:
 
 _S = "lightning_modules.scoring:"
 L0_OPTIONS = {"steps": 150}  # score_l0's default gate-training steps, which its cost counts
+GPU_ABLATION_ROWS = 256  # score_ablation's rows per forward pass on a GPU (masks × batch), which its memory counts
 
 register_method(Method("gradient", _S + "score_gradient", _fixed(3),
                        description="Michel et al. 2019: E_x|∂L/∂ξ_h| per example, L2-normalised per layer"))
 register_method(Method("ablation", _S + "score_ablation",
                        lambda n_heads, bt, calib, o: n_heads + 1,  # one reference pass and one per head masked
-                       description="leave-one-out: E_x|L_x(ξ_h = 0) − L_x|"))
+                       description="leave-one-out: E_x|L_x(ξ_h = 0) − L_x|", memory="rows"))
 register_method(Method("magnitude", _S + "score_magnitude", _fixed(0), needs_calibration=False,
-                       description="the Frobenius norm of the head's OV circuit (no data)"))
+                       description="the Frobenius norm of the head's OV circuit (no data)", memory="weights"))
 register_method(Method("entropy", _S + "score_entropy", _fixed(1),
-                       description="attention entropy (low: focused)"))
+                       description="attention entropy (low: focused)", memory="attention"))
 register_method(Method("confidence", _S + "score_confidence", _fixed(1),
-                       description="Voita et al. 2019: the mean maximum attention weight"))
+                       description="Voita et al. 2019: the mean maximum attention weight", memory="attention"))
 register_method(Method("random", _S + "score_random", _fixed(0), needs_calibration=False,
-                       description="seeded uniform scores: the baseline every method must beat"))
+                       description="seeded uniform scores: the baseline every method must beat", memory="weights"))
 register_method(Method("l0", _S + "score_l0",
                        # gate training: forward + backward per step on one calibration batch each
                        lambda n_heads, bt, calib, o: 3 * o["steps"] * bt / max(calib, 1),

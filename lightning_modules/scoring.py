@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from .config import HeadroomInputError
 from .families import head_weights, layer_heads
 from .heads import head_gate
-from .methods import METHODS, get_method
+from .methods import GPU_ABLATION_ROWS, METHODS, get_method
 from .models import has_lm_head, set_attention, token_losses
 
 LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, torch.Tensor]]
@@ -166,7 +166,7 @@ def score_ablation(model, batches, loss_fn, mask=None, masks_per_pass: int | Non
     L, H, valid = _shape(model)
     dev = _device(model)
     if max_rows is None:
-        max_rows = 256 if dev.type == "cuda" else 1
+        max_rows = GPU_ABLATION_ROWS if dev.type == "cuda" else 1
     gate = head_gate(model)
     base = (mask if mask is not None else torch.ones(L, H)).to(dev)
     heads = [(l, h) for l in range(L) for h in range(H) if valid[l, h] and base[l, h] > 0]

@@ -234,25 +234,35 @@ def test_gpu_memory_writes_json_and_the_gpu_check_refuses_a_machine_without_cuda
 
 
 def test_plan_memory_measures_real_training_steps_against_the_plan(tmp_path):
-    """The plan's estimate against the peak RSS of real steps on the CPU: the JSON's ratios are its own
-    measurements over its own estimates, and no step ever needed more than the plan gives it (an undercount would
-    overpack GPUs). Memory, unlike time, does not flake with the machine's load."""
+    """The plan's estimate against the peak RSS of real training, evaluation and scoring on the CPU: the JSON's
+    ratios are its own measurements over the estimates recomputed here, and nothing ever needed more than the plan
+    gives it (an undercount would overpack GPUs). Memory, unlike time, does not flake with the machine's load."""
     from lightning_modules.config import model_config_for
-    from lightning_modules.memory import train_memory
+    from lightning_modules.memory import scoring_memory, train_memory
+    from lightning_modules.methods import get_method
 
     res = _run("plan_memory.py", tmp_path / "m.json", "--tiny")
-    assert res["benchmark"] == "plan_memory" and res["size"] == "tiny" and len(res["rows"]) == 3
+    assert res["benchmark"] == "plan_memory" and res["size"] == "tiny" and len(res["rows"]) == 5
     lo, hi = res["band"]
+    kinds = set()
     for row in res["rows"]:
-        family, scale, batch, seq, precision, vocab, *kd = row["config"].split(":")
-        est = train_memory(model_config_for(scale, family=family, vocab_size=int(vocab)), int(batch), int(seq),
-                           precision, teacher=model_config_for(kd[0], family=family, vocab_size=int(vocab))
-                           if kd else None)
-        assert row["estimate"]["train"] == est.train and row["estimate"]["evaluation"] == est.evaluation
-        assert row["ratio_train"] == pytest.approx(row["measured"]["train"] / est.train)
-        assert row["ratio_evaluation"] == pytest.approx(row["measured"]["evaluation"] / est.evaluation)
-        assert lo <= row["ratio_train"] <= hi and row["ratio_evaluation"] <= hi
-    assert res["meets_goal"] == all(lo <= r[k] <= hi for r in res["rows"] for k in ("ratio_train", "ratio_evaluation"))
+        family, scale, batch, seq, precision, vocab, *extra = row["config"].split(":")
+        extra = dict(e.split("=") for e in extra)
+        mc = model_config_for(scale, family=family, vocab_size=int(vocab))
+        if "score" in extra:
+            kinds.add(extra["score"])
+            want = {"scoring": scoring_memory(get_method(extra["score"]).memory, mc, int(batch), int(seq), rows=256)}
+        else:
+            kinds.add("kd" if "kd" in extra else precision)
+            est = train_memory(mc, int(batch), int(seq), precision, teacher=model_config_for(
+                extra["kd"], family=family, vocab_size=int(vocab)) if "kd" in extra else None)
+            want = {"train": est.train, "evaluation": est.evaluation}
+            assert lo <= row["measured"]["train"] / est.train
+        assert {k: row["estimate"][k] for k in want} == want and set(row["measured"]) == set(want)
+        for k, v in want.items():
+            assert row["ratios"][k] == pytest.approx(row["measured"][k] / v) and row["ratios"][k] <= hi, row
+    assert kinds == {"32-true", "bf16-mixed", "kd", "ablation", "entropy"}
+    assert res["meets_goal"] == all(lo <= x <= hi for r in res["rows"] for x in r["ratios"].values())
 
 
 def test_data_scale_writes_json(tmp_path):

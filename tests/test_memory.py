@@ -11,8 +11,9 @@ import torch
 import yaml
 from conftest import ROOT
 
-from lightning_modules.config import ModelConfig
-from lightning_modules.memory import activation_bytes
+from lightning_modules.config import ModelConfig, model_config_for
+from lightning_modules.costs import param_counts
+from lightning_modules.memory import activation_bytes, scoring_memory, train_memory
 from lightning_modules.models import build_model, token_losses
 
 
@@ -82,7 +83,7 @@ def test_plan_shows_memory_per_unit_and_trials_per_gpu(capsys):
     # sweeps/scales.yaml: s at gpu 0.25, m at 0.5, l and xl one per GPU (xl per worker)
     for scale, n in (("s", 4), ("m", 2), ("l", 1), ("xl", 1)):
         assert f"{n} per GPU" in note.split(f"; {scale}: " if scale != "s" else " s: ", 1)[1].split(";")[0]
-    assert "80 GB per GPU" in note
+    assert "80 GB per GPU" in note and "0.5 GB per trial for its CUDA context" in note
 
 
 def test_plan_json_memory_grows_with_the_model_and_the_batch(capsys, tmp_path):
@@ -103,11 +104,13 @@ def test_plan_json_memory_grows_with_the_model_and_the_batch(capsys, tmp_path):
 
 
 def test_a_sweep_that_overpacks_a_gpu_is_refused_before_anything_starts(capsys, tmp_path):
-    """scales.yaml's s trials (4 to a GPU, 2.5 GB each) on 9 GB GPUs: one line naming the scale, exit 2, from --plan
-    and from the sweep itself (which would otherwise start Ray and prepare TinyStories first)."""
+    """scales.yaml's s trials (4 to a GPU; the largest, an ablation prune, plans at 7.3 GB + 0.5 GB of CUDA context)
+    on 30 GB GPUs: one line naming the stage and trials, exit 2, from --plan and from the sweep itself (which would
+    otherwise start Ray and prepare TinyStories first). At gpu 0.4 two share a GPU (not three: floor(1/0.4)) and
+    fit 16 GB."""
     def over(spec):
         spec["scales"] = {"s": spec["scales"]["s"]}
-        spec["resources"]["gpu_memory_gb"] = 9
+        spec["resources"]["gpu_memory_gb"] = 30
 
     f = _sweep_file(tmp_path, "over.yaml", over)
     for r in (_plan(capsys, f), subprocess.run(
@@ -116,11 +119,75 @@ def test_a_sweep_that_overpacks_a_gpu_is_refused_before_anything_starts(capsys, 
         rc, err = (r[0], r[2]) if isinstance(r, tuple) else (r.returncode, r.stderr)
         assert rc == 2
         (line,) = err.strip().splitlines()
-        assert line.startswith("headroom: error: scale s: 4 trials share a GPU (gpu: 0.25)") and "at most 3 fit" in line
+        assert line.startswith("headroom: error: prune: 4 × s-decoder-pruned-ablation-r0.25-s0 (7.3 GB, gpu 0.25) "
+                               "can share one GPU and need 31.3 GB") and "give scale s gpu: 0.333" in line, line
     assert not (tmp_path / "results").exists()
 
-    def two(spec):  # at gpu 0.34 two trials share a GPU, and fit
+    def two(spec):
         over(spec)
-        spec["scales"]["s"]["resources"]["gpu"] = 0.34
+        spec["resources"]["gpu_memory_gb"] = 16
+        spec["scales"]["s"]["resources"]["gpu"] = 0.4
 
     assert _plan(capsys, _sweep_file(tmp_path, "two.yaml", two))[0] == 0
+
+
+def test_trials_of_different_scales_sharing_a_gpu_are_counted_together(capsys, tmp_path):
+    """Ray fills a GPU with any trials whose fractions fit, across scales: m at gpu 0.4 (two fit, 33.8 GB) and s at
+    0.2 (five fit, 39.2 GB) each fit 40 GB alone, but two m and one s (0.4 + 0.4 + 0.2) need 41.7 GB."""
+    def mixed(spec):
+        spec["scales"] = {"s": spec["scales"]["s"], "m": spec["scales"]["m"]}
+        spec["scales"]["s"]["resources"]["gpu"], spec["scales"]["m"]["resources"]["gpu"] = 0.2, 0.4
+        spec["resources"]["gpu_memory_gb"] = 40
+
+    rc, _, err = _plan(capsys, _sweep_file(tmp_path, "mixed.yaml", mixed))
+    assert rc == 2 and err.startswith("headroom: error: prune: ") and len(err.strip().splitlines()) == 1
+    for part in ("2 × m-decoder-pruned-ablation-r0.25-s0 (16.4 GB, gpu 0.4)",
+                 "1 × s-decoder-pruned-ablation-r0.25-s0 (7.3 GB, gpu 0.2)", "need 41.7 GB", "give scale m gpu: 0.5"):
+        assert part in err, (part, err)
+
+
+KINDS = """
+name: kinds
+family: decoder
+data: {source: "hf:roneneldan/TinyStories", tokenizer: bpe, bpe_vocab_size: 8192}
+scales:
+  s: {steps: 2000, overrides: {batch_size: 32, seq_len: 256}, resources: {cpu: 2, gpu: 0.25}}
+  xl: {steps: 20000, overrides: {batch_size: 64, seq_len: 1024, precision: bf16-mixed}, resources: {workers: 4}}
+seeds: [0]
+prune: {ratios: [0.5], methods: [gradient, ablation, entropy, magnitude], recovery: [lm, distill],
+        finetune_steps: 500}
+controls: [scratch_e, scratch_kd]
+lr: 1.0e-3
+resources: {cpu: 4, gpu: 1}
+"""
+
+
+def test_each_unit_kind_is_planned_with_its_own_batch_precision_model_and_scoring():
+    """Which estimate each kind of unit gets, spelled out with explicit arguments: a trained unit at its batch
+    (a data-parallel worker at its share), precision auto as bf16-mixed on a GPU, a distilled control with its
+    teacher, a prune unit as the larger of its method's scoring of the dense model and the recovery fine-tune of the
+    pruned one beside the dense weights (the teacher when it distils), ablation at a GPU's 256 rows per pass."""
+    from orchestration.preflight import plan_rows
+    from orchestration.spec import Sweep
+
+    rows = {r.name: r.memory_bytes for r in plan_rows(Sweep(**yaml.safe_load(KINDS)), "plan", 8192)}
+    v = 8192
+    dense_s, half_s = model_config_for("s", vocab_size=v), model_config_for("s", n_heads=4, vocab_size=v)
+    dense_xl = model_config_for("xl", vocab_size=v)
+    weights_s = 4 * param_counts(dense_s).total
+    bf = "bf16-mixed"
+    assert rows["s-decoder-dense-s0"] == train_memory(dense_s, 32, 256, bf).peak
+    assert rows["xl-decoder-dense-s0"] == train_memory(dense_xl, 64, 1024, bf, workers=4).peak
+    assert rows["xl-decoder-dense-s0"] < train_memory(dense_xl, 64, 1024, bf).peak  # a worker holds 16 of 64
+    assert rows["s-decoder-scratch_e-r0.5-s0"] == train_memory(half_s, 32, 256, bf).peak
+    assert rows["s-decoder-scratch_kd-r0.5-kd-s0"] == train_memory(half_s, 32, 256, bf, teacher=dense_s).peak
+    fine_tune = train_memory(half_s, 32, 256, bf).peak + weights_s
+    distilled = train_memory(half_s, 32, 256, bf, teacher=dense_s).peak
+    for method, kind, rows_per_pass in (("gradient", "backward", 1), ("ablation", "rows", 256),
+                                        ("entropy", "attention", 1), ("magnitude", "weights", 1)):
+        scoring = scoring_memory(kind, dense_s, 32, 256, rows=rows_per_pass)
+        assert rows[f"s-decoder-pruned-{method}-r0.5-s0"] == max(scoring, fine_tune), method
+        assert rows[f"s-decoder-pruned-{method}-r0.5-kd-s0"] == max(scoring, distilled), method
+    # ablation's 256 rows (8 masks of 32 sequences a pass) outgrow its fine-tune; magnitude holds only weights
+    assert rows["s-decoder-pruned-ablation-r0.5-s0"] > 2 * fine_tune
+    assert rows["s-decoder-pruned-magnitude-r0.5-s0"] == fine_tune
