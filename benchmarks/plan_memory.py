@@ -2,14 +2,14 @@
 CPU.
 
 For each `--configs` entry (family:scale:batch:seq_len:precision:vocab, then optionally `:kd=SCALE` for a student
-distilled from a teacher of that scale, or `:score=METHOD` for a prune trial's scoring) one fresh process, in
-turn, builds the model and its optimizer as a trial does (models.build_model, lm.make_optimizer; CPU autocast for
-a mixed precision) and takes one training step (which allocates AdamW's moments, as every later step of a trial
-holds them). It then resets the kernel's peak-RSS mark (/proc/self/clear_refs), takes a second step (forward,
-loss, backward, clipping, AdamW step) and reads the peak (VmHWM). The tensors held before that step (fp32 weights
-and moments) are added back, so the figure is the peak of the model's tensors, as `torch.cuda.max_memory_allocated` counts on a GPU. Then
-the same for one evaluation batch (fp32, no autograd). A scoring configuration scores the heads once to warm up,
-then once measured (ablation at a GPU's 256 rows per pass). glibc is told to map every large block on its own
+distilled from a teacher of that scale, or `:score=METHOD` for a prune trial's scoring) one fresh process, in turn,
+builds the model and its optimizer as a trial does (models.build_model, lm.make_optimizer; CPU autocast for a mixed
+precision) and takes one training step (which allocates AdamW's moments, as every later step of a trial holds them).
+It then resets the kernel's peak-RSS mark (/proc/self/clear_refs), takes a second step (forward, loss, backward,
+clipping, AdamW step) and reads the peak (VmHWM). The tensors held before that step (fp32 weights and moments) are
+added back, so the figure is the peak of the model's tensors, as `torch.cuda.max_memory_allocated` counts on a GPU.
+Then the same for one evaluation batch (fp32, no autograd). A scoring configuration scores the heads once to warm
+up, then once measured (ablation at a GPU's 256 rows per pass). glibc is told to map every large block on its own
 (MALLOC_MMAP_THRESHOLD_), so that freed tensors leave RSS at once. Goal: every measured peak within [0.7, 1.1] of
 the estimate (an undercount would pack too many trials onto a GPU; an overcount only wastes some).
 
