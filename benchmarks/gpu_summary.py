@@ -23,7 +23,8 @@ import json
 import sys
 from pathlib import Path
 
-BENCHES = ("gpu_memory", "train_overhead", "ablation_batched", "prune_speed", "train_kernels")
+# the GPU benchmarks, as gpu_check.sh and `headroom bench --gpu` run them
+BENCHES = tuple(n for n in json.loads((Path(__file__).with_name("gpu_sizes.json")).read_text()) if n != "_doc")
 OPTIONAL = ("train_kernels",)
 
 

@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lightning_modules.methods import GPU_ABLATION_ROWS as ROWS  # ablation's rows a pass on a GPU
+
 ROOT = Path(__file__).resolve().parents[1]
 BAND = (0.7, 1.1)  # measured ÷ estimated: never more than 10% over the plan, at most 30% under it
 FULL = ("decoder:s:32:256:32-true:8192,decoder:s:32:256:bf16-mixed:8192,decoder:m:16:256:32-true:260,"
@@ -34,7 +36,6 @@ FULL = ("decoder:s:32:256:32-true:8192,decoder:s:32:256:bf16-mixed:8192,decoder:
         "decoder:m:16:256:32-true:260:score=entropy,encoder:s:16:256:32-true:2048:score=confidence")
 TINY = ("decoder:s:16:128:32-true:2048,encoder:s:16:128:bf16-mixed:260,decoder:xs:16:128:bf16-mixed:1024:kd=s,"
         "decoder:xs:8:64:32-true:2048:score=ablation,decoder:xs:8:128:32-true:260:score=entropy")
-ROWS = 256  # ablation's rows per pass, as on a GPU (methods.GPU_ABLATION_ROWS)
 
 CHILD = r"""
 import gc, json, sys, torch

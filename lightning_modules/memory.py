@@ -60,17 +60,19 @@ def compute_bytes(precision: str) -> int:
 def activation_bytes(cfg: ModelConfig, precision: str) -> int:
     """Bytes per token autograd keeps for backward through the whole model and its loss."""
     a = compute_bytes(precision)
-    cd, ca, ch, cf, c = _PER_LAYER[(cfg.family, a)]
-    layers = sum(cd * cfg.d_model + ca * h * cfg.head_dim + ch * h + cf * cfg.d_ff + c for h in cfg.layer_heads)
     hd, hv, hc = _HEAD[(cfg.family, a)]
-    return layers + hd * cfg.d_model + hv * cfg.vocab_size + hc
+    return sum(_layer_bytes(cfg, a, h) for h in cfg.layer_heads) + hd * cfg.d_model + hv * cfg.vocab_size + hc
+
+
+def _layer_bytes(cfg: ModelConfig, a: int, heads: int) -> int:
+    """Bytes per token one layer of `heads` heads saves at `a` bytes per activation."""
+    cd, ca, ch, cf, c = _PER_LAYER[(cfg.family, a)]
+    return cd * cfg.d_model + ca * heads * cfg.head_dim + ch * heads + cf * cfg.d_ff + c
 
 
 def _widest_layer(cfg: ModelConfig) -> int:
     """Bytes per token of the widest layer at fp32: what one layer's forward holds at once without autograd."""
-    cd, ca, ch, cf, c = _PER_LAYER[(cfg.family, 4)]
-    h = max(cfg.layer_heads)
-    return cd * cfg.d_model + ca * h * cfg.head_dim + ch * h + cf * cfg.d_ff + c
+    return _layer_bytes(cfg, 4, max(cfg.layer_heads))
 
 
 @dataclass(frozen=True)

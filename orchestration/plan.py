@@ -41,7 +41,6 @@ from .unit import (  # noqa: F401 - the unit's names, where the stages, trials a
     Unit,
     _heads,
     arch_key,
-    cell_label,
     scale_rank,
 )
 

@@ -8,7 +8,8 @@ import statistics
 
 from . import metrics as M
 from .axes import BY_NAME, read_tags
-from .plan import WORK_KINDS, cell_label, scale_rank
+from .plan import WORK_KINDS, scale_rank
+from .unit import Cell
 
 WALL = M.cost("wall_s")  # a trial's seconds, as its tracker logged them
 
@@ -84,7 +85,7 @@ def loss_table(sweep_name: str, runs: list) -> str:
         if v["recovery"] == "distill":
             arm += " kd"
         for r in [ratio_text(v["ratio"])] if v["ratio"] is not None else pruned_ratios:  # a dense run: every ratio
-            rows.setdefault((cell_label(v["scale"], v["budget"]), v["family"], r, split), {}).setdefault(
+            rows.setdefault((Cell(v["scale"], v["budget"]), v["family"], r, split), {}).setdefault(
                 arm, []).append(loss)
     if not rows:
         return ""

@@ -58,11 +58,6 @@ class Cell(str):
         return Cell, (self.scale, self.budget)
 
 
-def cell_label(scale: str, budget: int | None) -> Cell:
-    """The cell of `scale` at `budget` (None: the scale's one budget)."""
-    return Cell(scale, budget)
-
-
 def scale_rank(cell: Cell) -> tuple[int, int]:
     """Cells in the order of the presets (xs, s, m, ...; a pretrained checkpoint last); the budgets of one scale
     ("s-T500", "s-T1500") in increasing order."""

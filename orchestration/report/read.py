@@ -16,7 +16,7 @@ from lightning_modules.config import HeadroomInputError
 
 from .. import metrics as M
 from ..axes import read_tags
-from ..plan import cell_label, expected_names
+from ..plan import expected_names
 from ..runstore import mlflow_client, search_runs
 from ..spec import Sweep
 from ..unit import SCORES_FILE, WINDOWS_FILE, Cell
@@ -56,7 +56,7 @@ class Run:
         for name, value in read_tags(self.tags).items():  # every axis of orchestration/axes.py
             if name != "key":
                 setattr(self, name, value)
-        self.scale = cell_label(self.scale, self.budget)  # each budget of a scale is a cell of its own: "s-T1500"
+        self.scale = Cell(self.scale, self.budget)  # each budget of a scale is a cell of its own: "s-T1500"
         if self.finetune_steps is None and self.arm == "pruned":
             self.finetune_steps = int(self.params.get("finetune_steps", 0))
 
