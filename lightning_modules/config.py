@@ -219,6 +219,12 @@ class Scale:
 SCALES: dict[str, Scale] = {
     s.name: s
     for s in (
+        # presets small enough to train until they stop gaining on two CPU cores (docs/measured/ladder.json):
+        # the width grows, the 8 heads and 2 layers stay, head_dim = d_model / 8
+        Scale("xxxs", d_model=32, n_layers=2, n_heads=8, head_dim=4, d_ff=128, max_seq_len=256,
+              steps=2400, batch_size=16, seq_len=128, lr=3e-3),
+        Scale("xxs", d_model=48, n_layers=2, n_heads=8, head_dim=6, d_ff=192, max_seq_len=256,
+              steps=4800, batch_size=16, seq_len=128, lr=3e-3),
         Scale("xs", d_model=64, n_layers=2, n_heads=8, head_dim=8, d_ff=256, max_seq_len=256,
               steps=300, batch_size=16, seq_len=128, lr=3e-3),
         Scale("s", d_model=128, n_layers=4, n_heads=8, head_dim=16, d_ff=512, max_seq_len=256,

@@ -18,7 +18,7 @@ from lightning_modules.costs import flops_per_token, param_counts, scratch_b_ste
 
 
 def test_presets_follow_the_design():
-    assert list(SCALES) == ["xs", "s", "m", "l", "xl"]
+    assert list(SCALES) == ["xxxs", "xxs", "xs", "s", "m", "l", "xl"]
     for s in SCALES.values():
         assert s.n_heads % 4 == 0, s.name  # ratios 0.25/0.5/0.75 keep whole heads
         assert s.n_heads * s.head_dim == s.d_model, s.name
