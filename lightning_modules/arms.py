@@ -43,6 +43,7 @@ class Budget:
     recovery_steps: int
     seq_len: int
     recovery: str = "lm"  # the pruned arm's recovery objective: "distill" adds the teacher's forward passes
+    scoring: float = 0.0  # the pruned arm's head-scoring FLOPs ÷ the tokens of one training step
 
 
 @dataclass(frozen=True)
@@ -130,14 +131,15 @@ def dense_steps(b: Budget) -> int:
 
 
 def matched_compute(b: Budget) -> int:
-    """Scratch-B: the pruned arm's training FLOPs (dense T steps + the recovery steps at pruned size, with the
-    teacher's forward passes when the recovery distils)."""
-    return scratch_b_steps(b.dense, b.model, b.dense_steps, b.recovery_steps, b.seq_len, b.recovery == "distill")
+    """Scratch-B: the pruned arm's compute (dense T steps, the scoring of its heads, the recovery steps at pruned
+    size, with the teacher's forward passes when the recovery distils)."""
+    return scratch_b_steps(b.dense, b.model, b.dense_steps, b.recovery_steps, b.seq_len, b.recovery == "distill",
+                           b.scoring)
 
 
 def matched_distilled_compute(b: Budget) -> int:
     """scratch_kd: the distilled pruned arm's training FLOPs, each of its own steps paying a teacher pass."""
-    return scratch_kd_steps(b.dense, b.model, b.dense_steps, b.recovery_steps, b.seq_len)
+    return scratch_kd_steps(b.dense, b.model, b.dense_steps, b.recovery_steps, b.seq_len, b.scoring)
 
 
 # ---------------------------------------------------------------------------------------------- the arms

@@ -86,31 +86,33 @@ def teacher_flops_per_token(dense: ModelConfig, seq_len: int) -> int:
 
 
 def pruned_arm_flops_per_token(dense: ModelConfig, pruned: ModelConfig, dense_steps: int, recovery_steps: int,
-                               seq_len: int, distill: bool = False) -> int:
-    """The pruned arm's training compute, per token of one step: T steps at dense size, then the recovery steps
-    at pruned size, each with the teacher's forward pass when the recovery distils:
-    T·C_dense + R·(C_pruned + [distill] C_dense/3). Head scoring and evaluation are not counted."""
+                               seq_len: int, distill: bool = False, scoring: float = 0.0) -> float:
+    """The pruned arm's compute, per token of one training step: T steps at dense size, the scoring of its heads
+    (`scoring`: the method's FLOPs, methods.scoring_flops, ÷ the tokens of one training step), then the recovery
+    steps at pruned size, each with the teacher's forward pass when the recovery distils:
+    T·C_dense + S + R·(C_pruned + [distill] C_dense/3). Evaluation is not counted."""
     per_recovery = train_flops_per_token(pruned, seq_len) + (teacher_flops_per_token(dense, seq_len) if distill else 0)
-    return dense_steps * train_flops_per_token(dense, seq_len) + recovery_steps * per_recovery
+    return dense_steps * train_flops_per_token(dense, seq_len) + scoring + recovery_steps * per_recovery
 
 
 def scratch_b_steps(
     dense: ModelConfig, pruned: ModelConfig, dense_steps: int, finetune_steps: int, seq_len: int,
-    distill: bool = False,
+    distill: bool = False, scoring: float = 0.0,
 ) -> int:
-    """Steps that give the pruned architecture, trained from scratch, the training FLOPs of the pruned arm:
-    dense T steps at dense size + the recovery steps at pruned size (Liu et al. 2019 "Scratch-B"; every candidate
-    fine-tune counts: F per rate tried when the rate is chosen on val; head scoring is not counted), the teacher's
+    """Steps that give the pruned architecture, trained from scratch, the compute of the whole pruned arm: dense T
+    steps at dense size + the scoring of its heads + the recovery steps at pruned size (Liu et al. 2019
+    "Scratch-B"; every candidate fine-tune counts: F per rate tried when the rate is chosen on val), the teacher's
     forward passes included when the recovery distils. Tokens per step are equal, so the budget converts to steps
     via FLOPs per token."""
-    budget = pruned_arm_flops_per_token(dense, pruned, dense_steps, finetune_steps, seq_len, distill)
+    budget = pruned_arm_flops_per_token(dense, pruned, dense_steps, finetune_steps, seq_len, distill, scoring)
     return int(round(budget / train_flops_per_token(pruned, seq_len)))
 
 
 def scratch_kd_steps(dense: ModelConfig, pruned: ModelConfig, dense_steps: int, finetune_steps: int,
-                     seq_len: int) -> int:
+                     seq_len: int, scoring: float = 0.0) -> int:
     """Steps of the `scratch_kd` control — the pruned architecture from scratch, distilled from the dense teacher
-    at every step — that spend the distilled pruned arm's compute, each step's teacher pass counted:
-    (T·C_dense + R·(C_pruned + C_dense/3)) / (C_pruned + C_dense/3)."""
-    budget = pruned_arm_flops_per_token(dense, pruned, dense_steps, finetune_steps, seq_len, distill=True)
+    at every step — that spend the distilled pruned arm's compute (scoring included), each step's teacher pass
+    counted: (T·C_dense + S + R·(C_pruned + C_dense/3)) / (C_pruned + C_dense/3)."""
+    budget = pruned_arm_flops_per_token(dense, pruned, dense_steps, finetune_steps, seq_len, distill=True,
+                                        scoring=scoring)
     return int(round(budget / (train_flops_per_token(pruned, seq_len) + teacher_flops_per_token(dense, seq_len))))

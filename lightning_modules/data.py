@@ -221,11 +221,13 @@ class HeadroomData(pl.LightningDataModule):
         self._prepared = True
         return self
 
-    def with_train(self, train: TrainConfig) -> HeadroomData:
+    def with_train(self, train: TrainConfig, start: int = 0) -> HeadroomData:
         """The same prepared data with another training configuration (a recovery fine-tune's steps and rate),
-        read from the first sample of the seeded order; this module is left as it was."""
+        read from sample `start` of the seeded order (a recovery fine-tune: where the dense run's training stopped,
+        so that it sees text the dense run never trained on, as Scratch-B's extra steps do); this module is left as
+        it was."""
         view = copy.copy(self)
-        view.train_cfg, view.samples_consumed = train, 0
+        view.train_cfg, view.samples_consumed = train, start
         return view
 
     @property

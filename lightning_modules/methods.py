@@ -76,6 +76,26 @@ def get_method(name: str) -> Method:
     return _METHODS[name]
 
 
+def scoring_flops(name: str, n_heads: int, batch_tokens: int, calibration_tokens: int, fwd_flops_per_token: float,
+                  rounds: int = 1) -> float:
+    """FLOPs method `name` spends scoring the heads of a model of `fwd_flops_per_token` forward FLOPs per token
+    (`n_heads`: all its heads) on `calibration_tokens`, `rounds` times (an iterative prune scores once a round):
+    its declared forward-pass equivalents per calibration token × the tokens × a forward pass. What the pruned arm
+    is charged for choosing its heads, and what Scratch-B's budget adds (lightning_modules/costs.py)."""
+    m = get_method(name)
+    return m.passes(n_heads, batch_tokens, calibration_tokens, m.options) * rounds * calibration_tokens \
+        * fwd_flops_per_token
+
+
+# the primary comparison's method (the report's headline): the scoring a Scratch-B of per-layer controls, which
+# stands for every method, is charged for (the sweep's first method when it prunes without this one)
+PRIMARY_METHOD = "gradient"
+
+
+def charged_method(methods) -> str:
+    return PRIMARY_METHOD if PRIMARY_METHOD in methods else list(methods)[0]
+
+
 _S = "lightning_modules.scoring:"
 L0_OPTIONS = {"steps": 150}  # score_l0's default gate-training steps, which its cost counts
 GPU_ABLATION_ROWS = 256  # score_ablation's rows per forward pass on a GPU (masks × batch), which its memory counts

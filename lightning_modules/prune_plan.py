@@ -4,6 +4,7 @@ layer. Torch-free, like config.py."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -92,6 +93,11 @@ class PrunePlan(Recovery):
         return self
 
     _method = field_validator("method")(classmethod(lambda cls, v: check_method(v)))
+
+    @property
+    def scoring_rounds(self) -> int:
+        """How often the heads are scored: once, or once before each iterative step (pruning.select_heads)."""
+        return 1 if self.schedule == "one_shot" else math.ceil(self.ratio / self.step - 1e-9)
 
 
 class DistillSpec(Strict):

@@ -202,9 +202,11 @@ def measure_latency(model, batch: dict, repeats: int = 20, warmup: int = 3) -> f
 
 def finetune(model, data, steps: int, lr: float, base: TrainConfig, loss_fn: LossFn | None = None,
              progress: bool = False, clock=None, train_loss: LossFn | None = None):
-    """Recovery fine-tune of a (physically pruned) model for `steps` steps with the LightningModule, on the first
-    batches of the seeded training order, minimising `train_loss` (default: `loss_fn`, the LM loss; distillation:
-    lightning_modules/distill.py). `clock` (a train.TrainClock) adds up the seconds inside training steps."""
+    """Recovery fine-tune of a (physically pruned) model for `steps` steps with the LightningModule, minimising
+    `train_loss` (default: `loss_fn`, the LM loss; distillation: lightning_modules/distill.py). Its data continues
+    the dense run's seeded order where that run's training stopped (`base`: the dense run's training config, T
+    steps of its batch size): the first fine-tune batch is the one the dense run would have taken at step T + 1,
+    never text it trained on. `clock` (a train.TrainClock) adds up the seconds inside training steps."""
     if steps <= 0:
         return model
     cfg = base.model_copy(update={"steps": steps, "lr": lr, "warmup_steps": min(base.warmup_steps, steps // 10),
@@ -212,7 +214,7 @@ def finetune(model, data, steps: int, lr: float, base: TrainConfig, loss_fn: Los
     model.train()
     lm = HeadroomLM.from_model(model, cfg, loss_fn=loss_fn, train_loss_fn=train_loss)
     fit(build_trainer(cfg, None, progress=progress, callbacks=[clock] if clock is not None else ()), lm,
-        datamodule=data.with_train(cfg))
+        datamodule=data.with_train(cfg, start=base.steps * base.batch_size))
     return lm.model.eval()
 
 

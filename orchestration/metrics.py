@@ -106,7 +106,7 @@ def flatten_train(m: dict, passthrough: tuple[str, ...]) -> dict:
 _PRUNE_STAGES = (("final", FINAL), ("pre_ft", PRE_FT), ("dense", DENSE), ("pruned_no_ft", NO_FT))
 
 
-def flatten_prune(m: dict, eval_sets: list[str], recovery_steps: int) -> dict:
+def flatten_prune(m: dict, eval_sets: list[str], recovery_steps: int, scoring_flops: float | None = None) -> dict:
     """A prune trial's nested result → the flat metrics its MLflow run records (params and FLOPs of both models,
     losses per stage and split, the random baseline's draws, the recovery fine-tune, latency, the prune curve)."""
     flat = {"params": m["params"]["pruned"], "params_dense": m["params"]["dense"],
@@ -128,6 +128,8 @@ def flatten_prune(m: dict, eval_sets: list[str], recovery_steps: int) -> dict:
             flat[random_draw(split, k)] = x
     # the recovery steps the pruned arm trained, every candidate rate's (what Scratch-B's budget counts)
     flat[cost("recovery_steps")] = recovery_steps
+    if scoring_flops is not None:  # the FLOPs its method spent scoring the heads (Scratch-B's budget counts them)
+        flat[cost("scoring_flops")] = scoring_flops
     ft = m["finetune"]
     if ft["lr"] is not None:  # the recovery fine-tune's rate (chosen on val from the grid, or the sweep's)
         flat[FINETUNE_LR] = ft["lr"]

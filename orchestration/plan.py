@@ -18,6 +18,8 @@ from lightning_modules.config import (
     model_config_for,
     train_config_for,
 )
+from lightning_modules.costs import flops_per_token
+from lightning_modules.methods import charged_method, scoring_flops
 from lightning_modules.prune_plan import PrunePlan
 
 from .spec import Sweep
@@ -121,6 +123,15 @@ def _trained(sweep, arm, scale, family, seed, model: ModelConfig, train: TrainCo
                 lr_source=lr_source, budget=budget, snapshots=snapshots, **extra).with_key()
 
 
+def scoring_charge(sweep: Sweep, dense: ModelConfig, train: TrainConfig, method: str, rounds: int = 1) -> float:
+    """The head-scoring FLOPs the pruned arm of `dense` (trained with `train`) spends with `method` over `rounds`
+    rounds on the sweep's calibration batches, ÷ the tokens of one training step: what a Scratch-B or Scratch-KD
+    budget adds for it (arms.Budget.scoring)."""
+    bt = train.batch_size * train.seq_len
+    fwd = flops_per_token(dense, train.seq_len).total
+    return scoring_flops(method, sum(dense.layer_heads), bt, sweep.prune.calibration_batches * bt, fwd, rounds) / bt
+
+
 def recovery_steps(sweep: Sweep, dense_lr: float | None, finetune_steps: int) -> int:
     """Steps the pruned arm of a dense model trained at `dense_lr` trains at its pruned size in a recovery of F =
     `finetune_steps`, as its prune units plan them (PrunePlan.recovery_steps): F for each candidate rate it
@@ -193,8 +204,12 @@ def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None,
                 for variant in _control_variants(sweep, arm):
                     f, kind = variant or (max(sweep.prune.finetune_steps), "lm")
                     t = _train_cfg(sweep, scale, seed, lr_c, budget)
+                    # per-layer controls stand for every method and schedule: charged the primary method's one
+                    # scoring round (methods.charged_method)
+                    charge = scoring_charge(sweep, model, train, charged_method(sweep.prune.methods))
                     t = t.model_copy(update={"steps": arm.steps(
-                        Budget(model, m, train.steps, recovery_steps(sweep, train.lr, f), train.seq_len, kind))})
+                        Budget(model, m, train.steps, recovery_steps(sweep, train.lr, f), train.seq_len, kind,
+                               charge))})
                     controls.append(_trained(sweep, name, scale, family, seed, m, t, corpus_hash, ratio,
                                              scope="per_layer", lr_source=source_c, budget=tag, recovery=variant,
                                              dense_key=dense[-1].key if arm.teacher else None))
@@ -250,8 +265,10 @@ def global_control_units(sweep: Sweep, pruned: Unit, dense: Unit, kept_per_layer
             source = f"searched:{arch_key(uniform)}"
         train = dense.train.model_copy(update={"lr": lr})
         f, kind = pruned.prune.finetune_steps, pruned.recovery
+        charge = scoring_charge(sweep, d_model, dense.train, pruned.method, pruned.plan.scoring_rounds)
         t = train.model_copy(update={"steps": arm.steps(
-            Budget(d_model, small, train.steps, recovery_steps(sweep, dense.train.lr, f), train.seq_len, kind))})
+            Budget(d_model, small, train.steps, recovery_steps(sweep, dense.train.lr, f), train.seq_len, kind,
+                   charge))})
         out.append(_trained(sweep, name, pruned.scale, pruned.family, pruned.seed, small, t, pruned.corpus_hash,
                             pruned.ratio, method=pruned.method, scope="global", schedule=pruned.schedule,
                             dense_key=dense.key, lr_source=source, budget=dense.budget,

@@ -24,7 +24,7 @@ from lightning_modules.config import (
     check_compatible,
     heads_removed,
 )
-from lightning_modules.methods import get_method
+from lightning_modules.methods import scoring_flops
 from lightning_modules.prune_plan import PrunePlan
 
 from .packing import check_packing, unit_memory
@@ -152,10 +152,7 @@ def _prune_cost(sweep: Sweep, u: Unit, plan: PrunePlan, fwd_dense: int, fwd_prun
     t = u.train
     bt = t.batch_size * t.seq_len
     calib = u.prune.calibration_batches * bt
-    m = get_method(plan.method)
-    passes = m.passes(n_heads, bt, calib, m.options)  # per calibration token of one scoring round
-    rounds = 1 if plan.schedule == "one_shot" else math.ceil(plan.ratio / plan.step)
-    scoring = passes * rounds * calib * fwd_dense
+    scoring = scoring_flops(plan.method, n_heads, bt, calib, fwd_dense, plan.scoring_rounds)
     sets = _eval_sets(sweep)
     ev = _eval_tokens(t, t.eval_batches)
     curve = 0
@@ -242,7 +239,9 @@ def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
             est += _train_cost(sweep, t.model_copy(update={"steps": cont}), fwd, final_eval=False)
             steps += cont
             dense_steps -= cont
-        arm = 3 * fwd_dense * dense_steps * bt + 3 * fwd * steps * bt + teacher
+        scoring = scoring_flops(plan.method, sum(d_model.layer_heads), bt, u.prune.calibration_batches * bt,
+                                fwd_dense, plan.scoring_rounds)
+        arm = 3 * fwd_dense * dense_steps * bt + scoring + 3 * fwd * steps * bt + teacher
         row = _row(u, "prune", pruned, params, fwd, steps, est, sweep, heads,
                    plan.finetune_lr if plan.finetune_lr is not None else "val-grid", arm_flops=arm, dense=d_model)
         # the fine-tune's rate: fixed by the sweep, or chosen on val from a grid of multiples of the dense rate
@@ -315,7 +314,7 @@ def format_table(rows: list[PlanRow], vocab_note: str) -> str:
                  "evaluation is counted at its cap. Global-scope rows show the total kept heads: the scores choose "
                  "each layer's. F: the recovery budget (kd: by distillation, each step with the dense teacher's "
                  "forward pass, a third of a dense training step). Arm FLOPs: a prune row's whole pruned arm "
-                 "(dense training + recovery), a trained row's own training; Scratch-B and Scratch-KD match their "
+                 "(dense training + scoring + recovery), a trained row's own training; Scratch-B and Scratch-KD match their "
                  "pruned arm's. Memory: the planned peak of one worker of the unit's trial (weights, gradients, "
                  "AdamW moments, activations at its batch and precision, the loss's logits).")
     lines.append(cluster_note(rows))

@@ -30,7 +30,7 @@ SEEDS = (0, 1, 2)
 def cells(*scales: str) -> list[Cell]:
     """The report's order of cells: these scales, each at its one budget."""
     return [Cell(s, None) for s in scales]
-CHECKS = ("dense_vs_scratch_e", "larger_scale_not_worse", "informative_beats_random", "converged")
+CHECKS = ("dense_vs_scratch_e", "larger_scale_not_worse", "informative_beats_random", "converged", "finite")
 
 
 def _run(arm, scale, seed, metrics, params=None, **tags):

@@ -18,7 +18,7 @@ from test_spec import GOOD
 
 def test_plan_keys_tags_and_budgets():
     from lightning_modules.config import model_config_for
-    from lightning_modules.costs import scratch_b_steps
+    from lightning_modules.costs import flops_per_token, scratch_b_steps
     from orchestration.plan import TAG_FIELDS, Unit, prune_units, train_units
     from orchestration.spec import parse_sweep
 
@@ -40,8 +40,13 @@ def test_plan_keys_tags_and_budgets():
     assert dense.tags()["headroom.method"] == "none" and dense.tags()["headroom.ratio"] == "none"
     assert (se.heads, se.model.head_dim, se.train.steps) == ("4", 8, 20)  # xs: 8 heads of 8 → 4 heads
     assert (wide.heads, wide.model.head_dim) == ("4", 16)  # d_model 64 // 4
-    assert sb.train.steps == scratch_b_steps(model_config_for("xs", n_heads=8), model_config_for("xs", n_heads=4),
-                                                20, 0, 32) > 20
+    # Scratch-B: the pruned arm's compute by hand, per token of a step: 20 dense steps (3 forward passes each),
+    # gradient scoring (a forward and a backward, 3 forward passes, per calibration token: calibration_batches
+    # batches of the training batch's size), no recovery steps
+    d8, d4 = model_config_for("xs", n_heads=8), model_config_for("xs", n_heads=4)
+    f8, f4 = flops_per_token(d8, 32).total, flops_per_token(d4, 32).total
+    by_hand = round((20 * 3 * f8 + 3 * sweep.prune.calibration_batches * f8) / (3 * f4))
+    assert sb.train.steps == by_hand > scratch_b_steps(d8, d4, 20, 0, 32) > 20  # scoring is charged
     pruned = prune_units(sweep, [u for u in units if u.arm == "dense"])
     assert len(pruned) == 2 * 2  # seeds × methods
     assert {p.dense_key for p in pruned} == {units[0].key, units[1].key}
@@ -345,5 +350,6 @@ def test_scratch_b_counts_every_candidate_fine_tune():
         b = next(u for u in train_units(sweep, "-") if u.arm == "scratch_b")
         c_dense = train_flops_per_token(model_config_for("xs"), 32)
         c_small = train_flops_per_token(b.model, 32)
-        budget = 20 * c_dense + 25 * candidates * c_small
+        # gradient scoring: 3 forward passes (a training step's FLOPs) per token of each calibration batch
+        budget = 20 * c_dense + sweep.prune.calibration_batches * c_dense + 25 * candidates * c_small
         assert abs(b.train.steps * c_small - budget) <= c_small / 2, (extra, b.train.steps, budget / c_small)

@@ -4,6 +4,7 @@ on val. Statistics are orchestration/report/stats.py's; this module only groups 
 
 from __future__ import annotations
 
+import math
 import statistics
 import functools
 from collections import defaultdict, namedtuple
@@ -187,7 +188,7 @@ def comparisons(runs: list[Run], windows: Windows | None = None,
                                        [windows.get(ctrl[s], "final", ev) for s in paired_seeds])
                     res = paired([c - p for c, p in zip(control, pruned)], *(wd or (None, None)))
                     tokens = by_seed[paired_seeds[0]].metrics.get(M.tokens(stage, ev))
-                    verdict = verdict_of(res.ci95)
+                    verdict = verdict_of(res.ci95) if math.isfinite(res.mean) else "inconclusive"
                     out.append(Comparison(
                         scale=scale, family=family, ratio=ratio, heads_dense=_heads(first.tag("heads")),
                         heads_kept=_heads(first.tag("kept")), method=method, scope=scope, schedule=schedule,

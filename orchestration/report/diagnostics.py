@@ -16,7 +16,11 @@ models being trained enough.
 
 - `dense_vs_scratch_e`: dense − Scratch-E on `id` (paired by seed, 95% t-interval), at every ratio with a
   Scratch-E: upper bound ≤ margin × Scratch-E's mean loss. More heads trained for the same steps must not be
-  materially worse, or the budget or learning rate is wrong for the dense model.
+  materially worse, or the budget or learning rate is wrong for the dense model. That is a gate only while a
+  mis-trained dense model could explain the gap: when every dense and Scratch-E run trained at its own searched
+  rate and the scale's `converged` check passed, a dense model outside the margin is an answer (state `finding`):
+  the extra heads hurt, and the headline reports it as a refutation of over-provisioning when the interval lies
+  above 0.
 - `larger_scale_not_worse`: a larger scale's dense model against every smaller scale of the same family and budget
   (Welch's 95% interval of larger − smaller, unpaired): upper bound ≤ margin × the smaller's mean loss.
 - `informative_beats_random`: before fine-tune, heads chosen by the primary method must beat heads chosen at random
@@ -30,7 +34,11 @@ models being trained enough.
   one seed, arm `dense_half`): the loss gained per doubling of the budget, (L(T') − L(T)) / L(T') / log2(T/T'), on
   `id`, paired by seed, must be at most `trust.doubling_gain` (default 5%). With the half-budget run it is a point
   estimate from one seed (its false-pass rate and power are in docs/design.md). A fit to the end of one run's loss
-  curve cannot do this: a cosine schedule flattens every curve's end, however undertrained.
+  curve cannot do this: a cosine schedule flattens every curve's end, however undertrained. The check is two-sided:
+  a loss that gets worse by more than the threshold per doubling (overfitting, a diverged run) fails too.
+- `finite`: every loss the report reads at the cell (final, before fine-tune, the dense reference) is a finite
+  number. MLflow stores an infinity as ±1.8e308; `read.py` turns it back. Every other check that reads a non-finite
+  loss fails with that reason, and the comparisons it enters get no interval.
 
 Planted-null false-positive rates and powers of each: docs/design.md.
 """
@@ -49,7 +57,9 @@ from .stats import t_interval
 
 EVAL_SET = "id"
 PASSED, FAILED, NOT_APPLICABLE, COULD_NOT_RUN = "passed", "failed", "not_applicable", "could_not_run"
-STATES = (PASSED, FAILED, NOT_APPLICABLE, COULD_NOT_RUN)
+FINDING = "finding"  # a comparison that is not a gate at this cell but a result (dense_vs_scratch_e, see above)
+STATES = (PASSED, FAILED, NOT_APPLICABLE, COULD_NOT_RUN, FINDING)
+NONFINITE = "a loss is not a finite number"  # the reason a check gives when it read one
 
 
 @dataclass(frozen=True)
@@ -60,14 +70,31 @@ class Diagnostic:
     state: str  # passed | failed | not_applicable | could_not_run
     detail: str
     margin: float | None = None  # the absolute margin (nats) or threshold the check used
+    reason: str | None = None  # a failed check's reason when it is not the check's usual one (SHORT)
+    headline: str | None = None  # a finding: what the headline says of it
 
     @property
     def passed(self) -> bool | None:
-        """True/False when the check ran; None when it did not apply or could not run."""
+        """True/False when the check ran; None when it did not apply or could not run (or is a finding)."""
         return {PASSED: True, FAILED: False}.get(self.state)
 
     def to_json(self) -> dict:
-        return {**asdict(self), "passed": self.passed}
+        d = {**asdict(self), "passed": self.passed}
+        return {k: v for k, v in d.items() if v is not None or k not in ("reason", "headline")}
+
+
+def finite(x: float) -> bool:
+    return math.isfinite(x)
+
+
+def _nonfinite(label: str, by_seed: dict, key: str | None = None) -> list[str]:
+    """'label seed s: value' for every run of `by_seed` whose loss `key` is not finite."""
+    key = key or _key()
+    return [f"{label} seed {s}: {r.metrics[key]}" for s, r in sorted(by_seed.items()) if not finite(r.metrics[key])]
+
+
+def _broken(scale, family, name, bad: list[str]) -> Diagnostic:
+    return Diagnostic(scale, family, name, FAILED, "non-finite loss: " + ", ".join(bad), reason=NONFINITE)
 
 
 def _key() -> str:
@@ -85,7 +112,15 @@ def _combine(scale, family, name, failed: bool, short: list, parts: list, used: 
     return Diagnostic(scale, family, name, state, "; ".join(parts + short), max(used) if used else None)
 
 
-def dense_vs_scratch_e(runs, scale: Cell, family: str, margin: float) -> Diagnostic:
+def searched_rates(runs, scale: Cell, family: str, arms=("dense", "scratch_e")) -> bool:
+    """Every run of these arms at the cell trained at the rate the sweep's search found for its architecture."""
+    mine = [r for r in runs if (r.scale, r.family) == (scale, family) and r.arm in arms]
+    return bool(mine) and all(r.params.get("lr_source") == "searched" for r in mine)
+
+
+def dense_vs_scratch_e(runs, scale: Cell, family: str, margin: float, gate: bool = True) -> Diagnostic:
+    """`gate` False (every architecture at its own searched rate, the dense model converged): a dense model outside
+    the margin is a finding, not a failed check."""
     name = "dense_vs_scratch_e"
     dense = _dense(runs, scale, family)
     ctrl = defaultdict(dict)
@@ -94,7 +129,11 @@ def dense_vs_scratch_e(runs, scale: Cell, family: str, margin: float) -> Diagnos
             ctrl[r.ratio][r.seed] = r
     if not ctrl:
         return Diagnostic(scale, family, name, COULD_NOT_RUN, "no Scratch-E control in the sweep")
-    parts, failed, short, used = [], False, [], []
+    bad_runs = _nonfinite("dense", dense) + [x for ratio, by in sorted(ctrl.items())
+                                             for x in _nonfinite(f"Scratch-E r{ratio:g}", by)]
+    if bad_runs:
+        return _broken(scale, family, name, bad_runs)
+    parts, failed, short, used, found = [], False, [], [], []
     for ratio, by_seed in sorted(ctrl.items()):
         seeds = sorted(set(dense) & set(by_seed))
         d = [dense[s].metrics[_key()] - by_seed[s].metrics[_key()] for s in seeds]
@@ -105,9 +144,17 @@ def dense_vs_scratch_e(runs, scale: Cell, family: str, margin: float) -> Diagnos
         m = margin * statistics.fmean(by_seed[s].metrics[_key()] for s in seeds)
         used.append(m)
         bad = ci[1] > m
-        failed |= bad
-        parts.append(f"r{ratio:g}: dense − Scratch-E {statistics.fmean(d):+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}], margin "
-                     f"{m:.4f}" + (" — dense is not shown to be within the margin of Scratch-E" if bad else ""))
+        text = f"dense − Scratch-E r{ratio:g} {statistics.fmean(d):+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]"
+        if bad and not gate:
+            found.append(text + (" (dense worse: refuted)" if ci[0] > 0 else " (not shown within the margin, "
+                                                                              "nor worse)"))
+        failed |= bad and gate
+        parts.append(f"{text}, margin {m:.4f}" + ("" if not bad else " — dense is not shown to be within the margin "
+                                                  "of Scratch-E" if gate else " — a finding, not a gate: every "
+                                                  "architecture trained at its own searched rate and dense converged"))
+    if found and not failed and not short:
+        return Diagnostic(scale, family, name, FINDING, "; ".join(parts), max(used),
+                          headline="the extra heads do not help the dense model: " + "; ".join(found))
     return _combine(scale, family, name, failed, short, parts, used)
 
 
@@ -123,6 +170,9 @@ def larger_scale_not_worse(runs, scale: Cell, family: str, order: list[Cell], ma
         if scale in order else []
     if not smaller:
         return Diagnostic(scale, family, name, NOT_APPLICABLE, "no smaller scale at this budget in the sweep")
+    bad_runs = [x for c in [scale, *smaller] for x in _nonfinite(f"{c} dense", _dense(runs, c, family))]
+    if bad_runs:
+        return _broken(scale, family, name, bad_runs)
     mine = losses(scale)
     parts, failed, short, used = [], False, [], []
     for s in smaller:
@@ -179,6 +229,11 @@ def informative_beats_random(runs, scale: Cell, family: str, method: str) -> Dia
                            if k.startswith(M.random_draw(EVAL_SET)))
             by[r.method][r.seed][r.ratio] = [v for _, v in draws] if r.method == "random" and draws \
                 else r.metrics[key]
+    bad_runs = [f"{m} seed {seed} r{ratio:g}: {v}" for m, seeds in sorted(by.items())
+                for seed, ratios in sorted(seeds.items()) for ratio, v in sorted(ratios.items())
+                if not all(finite(x) for x in (v if isinstance(v, list) else [v]))]
+    if bad_runs:
+        return _broken(scale, family, name, bad_runs)
     if method not in by or "random" not in by:
         missing = "random" if "random" not in by else method
         return Diagnostic(scale, family, name, COULD_NOT_RUN, f"no per_layer one_shot {missing} prune in the sweep")
@@ -249,25 +304,50 @@ def converged(runs, scale: Cell, family: str, order: list[Cell], threshold: floa
     if len(t_short) != 1 or None in t_short or next(iter(t_short)) >= T:
         return Diagnostic(scale, family, name, COULD_NOT_RUN, f"{what} record no smaller budget")
     T0 = t_short.pop()
+    bad_runs = _nonfinite("dense", {s: dense[s] for s in seeds}) + _nonfinite(what, {s: ref[s] for s in seeds})
+    if bad_runs:
+        return _broken(scale, family, name, bad_runs)
     short = statistics.fmean(ref[s].metrics[_key()] for s in seeds)
     long = statistics.fmean(dense[s].metrics[_key()] for s in seeds)
     gain = doubling_gain(short, long, T0, T)
-    ok = gain <= threshold
+    worse = gain < -threshold  # two-sided: more training made it worse (overfitting, divergence)
+    ok = not worse and gain <= threshold
     detail = (f"{T0} → {T} steps (each on its own schedule; {what}, {len(seeds)} seed(s)"
               + (": a point estimate, no interval" if len(seeds) == 1 else "") + f"): {EVAL_SET} loss {short:.4f} "
-              f"→ {long:.4f}, {gain:.1%} per doubling of the budget (threshold {threshold:.0%})"
-              + ("" if ok else " — still improving fast with more training"))
-    return Diagnostic(scale, family, name, PASSED if ok else FAILED, detail, threshold)
+              f"→ {long:.4f}, {gain:.1%} per doubling of the budget (band ±{threshold:.0%})"
+              + ("" if ok else " — worse with more training" if worse else " — still improving fast with more "
+                                                                           "training"))
+    return Diagnostic(scale, family, name, PASSED if ok else FAILED, detail, threshold,
+                      reason=WORSE if worse else None)
+
+
+WORSE = "the dense loss gets worse with more training"
+
+
+def finite_losses(runs, scale: Cell, family: str) -> Diagnostic:
+    """Every loss the report reads at the cell (final, before fine-tune, the dense reference; every eval set) is a
+    finite number."""
+    name = "finite"
+    keys = [k for k in {k for r in runs if (r.scale, r.family) == (scale, family) for k in r.metrics}
+            if k.endswith("/loss") and k.split("/", 1)[0] in (M.FINAL, M.PRE_FT, M.DENSE)]
+    bad = [f"{r.arm}{'' if r.method == 'none' else ' ' + r.method} seed {r.seed}: {k} {r.metrics[k]}"
+           for r in runs if (r.scale, r.family) == (scale, family) for k in sorted(keys)
+           if k in r.metrics and not finite(r.metrics[k])]
+    if bad:
+        return _broken(scale, family, name, bad)
+    return Diagnostic(scale, family, name, PASSED, f"{len(keys)} loss metric(s) of every run finite")
 
 
 def diagnose(runs, scale_families: list[tuple[Cell, str]], order: list[Cell], method: str, margin: float,
              threshold: float) -> list[Diagnostic]:
     out = []
     for scale, family in scale_families:
-        out += [dense_vs_scratch_e(runs, scale, family, margin),
+        conv = converged(runs, scale, family, order, threshold)
+        gate = not (conv.state == PASSED and searched_rates(runs, scale, family))
+        out += [dense_vs_scratch_e(runs, scale, family, margin, gate),
                 larger_scale_not_worse(runs, scale, family, order, margin),
                 informative_beats_random(runs, scale, family, method),
-                converged(runs, scale, family, order, threshold)]
+                conv, finite_losses(runs, scale, family)]
     return out
 
 
@@ -277,12 +357,19 @@ SHORT = {
     "larger_scale_not_worse": "this scale's dense model is not shown to be within the margin of a smaller scale's",
     "informative_beats_random": "informed scoring is not clearly better than random before fine-tune",
     "converged": "the dense loss still improves fast with more training",
+    "finite": NONFINITE,
 }
 
 
 def untrustworthy(diags: list[Diagnostic], scale: Cell, family: str) -> list[str]:
     """The reasons (failed checks) that make (scale, family) untrustworthy; empty when none failed."""
-    return [SHORT[d.check] for d in diags if (d.scale, d.family) == (scale, family) and d.state == FAILED]
+    return list(dict.fromkeys(d.reason or SHORT[d.check] for d in diags
+                              if (d.scale, d.family) == (scale, family) and d.state == FAILED))
+
+
+def findings(diags: list[Diagnostic], scale: Cell, family: str) -> list[str]:
+    """What the checks that are results here (state `finding`) say for the headline."""
+    return [d.headline for d in diags if (d.scale, d.family) == (scale, family) and d.state == FINDING]
 
 
 def unverified(diags: list[Diagnostic], scale: Cell, family: str) -> list[str]:

@@ -7,6 +7,7 @@ An edited sweep file makes a new parent; the report reads the newest one only, s
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ from ..plan import expected_names
 from ..runstore import mlflow_client, search_runs
 from ..spec import Sweep
 from ..unit import SCORES_FILE, WINDOWS_FILE, Cell
+
+
+INF_STORED = 1.7976931348623157e308  # sys.float_info.max: how MLflow's stores write ±inf
 
 
 @dataclass
@@ -53,6 +57,9 @@ class Run:
         return self.tags.get(f"headroom.{name}", "none")
 
     def __post_init__(self):
+        # MLflow stores an infinite metric as ±1.7976931348623157e308 (the largest double): read it back as what it was
+        self.metrics = {k: math.copysign(math.inf, v) if isinstance(v, float) and abs(v) >= INF_STORED else v
+                        for k, v in self.metrics.items()}
         for name, value in read_tags(self.tags).items():  # every axis of orchestration/axes.py
             if name != "key":
                 setattr(self, name, value)

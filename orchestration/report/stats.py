@@ -31,11 +31,12 @@ ALPHA = 0.05
 
 
 def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
-    """Student-t interval of the mean of `values`; None with fewer than two."""
+    """Student-t interval of the mean of `values`; None with fewer than two, or when one is not finite (a broken
+    run has no interval; the trust check `finite` names it)."""
     from scipy import stats
 
     n = len(values)
-    if n < 2:
+    if n < 2 or not all(math.isfinite(v) for v in values):
         return None
     m, sd = statistics.fmean(values), statistics.stdev(values)
     half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
@@ -83,6 +84,8 @@ def paired(diffs: list[float], window_diffs: list[list[float]] | None = None,
     if not diffs:
         raise ValueError("no paired seeds")
     n = len(diffs)
+    if not all(math.isfinite(d) for d in diffs):  # a broken run: no statistic (the trust check `finite` says why)
+        return Paired(n, math.nan, None, None, None, None)
     mean = statistics.fmean(diffs)
     if n < 2:
         return Paired(n, mean, None, None, None, None)

@@ -26,7 +26,7 @@ from .analysis import (
     prunable_fractions,
     prune_curves,
 )
-from .diagnostics import Diagnostic, diagnose, untrustworthy, unverified
+from .diagnostics import Diagnostic, diagnose, findings, untrustworthy, unverified
 from .read import SweepRuns, Windows
 from .render import fmt_ci, fmt_p
 from .recovery import recovery_rows, sign_changes
@@ -48,7 +48,7 @@ from .summaries import costs, evaluation_info, learning_rates, probe_slack, prob
 from .trends import timing, trends
 
 STATE_WORDS = {"passed": "passed", "failed": "**failed**", "not_applicable": "not applicable",
-               "could_not_run": "**could not run**"}
+               "could_not_run": "**could not run**", "finding": "**a finding**"}
 VERDICTS = ("supported", "refuted", "inconclusive", "insufficient_seeds")
 
 
@@ -125,7 +125,8 @@ class Report:
         for c in sorted(rows, key=lambda c: (c.ratio, control_names().index(c.control))):
             words[c.verdict].append(f"{arm_label(c.control)} r{c.ratio:g}")
         half2 = "; ".join(f"{w.replace('_', ' ')} vs {', '.join(words[w])}" for w in VERDICTS if words[w])
-        return f"half (1): {half1}; half (2): {half2} (Holm-adjusted over {len(rows)} comparison(s))"
+        found = "".join(f"; {f}" for f in findings(self.diagnostics, scale, family))
+        return f"half (1): {half1}; half (2): {half2} (Holm-adjusted over {len(rows)} comparison(s)){found}"
 
 
 def build(data: SweepRuns, windows: Windows | None = None) -> Report:
@@ -215,7 +216,7 @@ def headline_table(rep: Report) -> str:
                                  f"diff {d.diff_mean:+.4f} CI {fmt_ci(d.ci95)} p_Holm {fmt_p(d.p_holm)} "
                                  f"(n={d.n_seeds})")
             for g in rep.diagnostics:
-                if (g.scale, g.family) == (scale, family) and g.state in ("failed", "could_not_run"):
+                if (g.scale, g.family) == (scale, family) and g.state in ("failed", "could_not_run", "finding"):
                     lines.append(f"      {STATE_WORDS[g.state].strip('*')} check {g.check}: {g.detail}")
     else:  # no controls (a pretrained sweep): half (1) only
         for p in rep.prunable:
