@@ -315,8 +315,8 @@ def format_table(rows: list[PlanRow], vocab_note: str) -> str:
                  "each layer's. F: the recovery budget (kd: by distillation, each step with the dense teacher's "
                  "forward pass, a third of a dense training step). Arm FLOPs: a prune row's whole pruned arm "
                  "(dense training + scoring + recovery), a trained row's own training; Scratch-B and Scratch-KD "
-                 "match their pruned arm's. Memory: the planned peak of one worker of the unit's trial (weights, gradients, "
-                 "AdamW moments, activations at its batch and precision, the loss's logits).")
+                 "match their pruned arm's. Memory: the planned peak of one worker of the unit's trial (weights, "
+                 "gradients, AdamW moments, activations at its batch and precision, the loss's logits).")
     lines.append(cluster_note(rows))
     return "\n".join(lines)
 
