@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--precision", default="32-true")
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--work", default="ladder_runs")
+    p.add_argument("--work", default=None, help="where the runs go (default ./ladder_runs; --tiny: a temporary one)")
     p.add_argument("--tiny", action="store_true", help="CI size: two budgets of 8 and 16 steps at xxxs")
     p.add_argument("--out", default="benchmarks/results/ladder.json")
     p.add_argument("--plot", default=None)
@@ -101,6 +102,8 @@ def main(argv=None) -> int:
     if args.tiny:
         args.scales, args.start, args.max_steps, args.warmup, args.val_every = ["xxxs"], 8, 16, 2, 8
         args.eval_batches, args.batch_size, args.seq_len, args.target = 2, 4, 32, -1.0
+    if args.work is None:
+        args.work = tempfile.mkdtemp(prefix="ladder-") if args.tiny else "ladder_runs"
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

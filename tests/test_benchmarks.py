@@ -287,3 +287,18 @@ def test_data_scale_writes_json(tmp_path):
     _check_median(res["median_rss_ratio"], res["rss_spread"],
                   [s["large_peak_rss_mb"] / s["small_peak_rss_mb"] for s in res["samples"]], 2)
     assert res["meets_goal"] == "inconclusive"  # 2 rounds: too few to decide
+
+
+def test_ladder_writes_json_through_headroom_bench(tmp_path, cache_dir):
+    """Two budgets of xxxs, each its own run: the gain is recomputed from the two losses, tokens per parameter from
+    steps × batch × sequence ÷ the non-embedding parameters."""
+    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "bench", "ladder", "--tiny", "--out-dir",
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "ladder.json").read_text())
+    rows = res["ladders"]["xxxs"]
+    assert [x["steps"] for x in rows] == [8, 16]
+    assert rows[1]["gain"] == pytest.approx((rows[0]["loss"]["id"] - rows[1]["loss"]["id"]) / rows[0]["loss"]["id"])
+    for x in rows:
+        assert x["tokens"] == x["steps"] * 4 * 32
+        assert x["tokens_per_param"] == pytest.approx(x["tokens"] / x["params_nonembedding"])
