@@ -45,7 +45,9 @@ def plain_loop(model_cfg, train_cfg, dm, warmup: int) -> tuple[float, float, int
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         if step == warmup:
             t_start = time.perf_counter()
-        loss = mean_loss(model, batch)
+        # bf16-mixed as Lightning's precision plugin runs it: the forward under autocast, fp32 weights and optimizer
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=train_cfg.precision == "bf16-mixed"):
+            loss = mean_loss(model, batch)
         loss.backward()
         if train_cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)

@@ -20,6 +20,7 @@ BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
     "compute_share": ["--tiny"],
     "plan_memory": ["--tiny"],
     "faults": ["--tiny"],  # needs PostgreSQL 15's server binaries and kubectl (benchmarks/stack.py)
+    "cpu_speed": ["--tiny"],  # each CPU scale's training step against the matmul peak, fp32 and bf16-mixed
     "ladder": ["--tiny"],  # dense runs at doubling budgets (full size: hours; docs/measured/ladder.json)
     "train_kernels": ["--steps", "6", "--warmup", "2", "--repeats", "1", "--batch-size", "4", "--seq-len", "32",
                 "--compile-backend", "aot_eager"],

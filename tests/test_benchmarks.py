@@ -302,3 +302,26 @@ def test_ladder_writes_json_through_headroom_bench(tmp_path, cache_dir):
     for x in rows:
         assert x["tokens"] == x["steps"] * 4 * 32
         assert x["tokens_per_param"] == pytest.approx(x["tokens"] / x["params_nonembedding"])
+
+
+def test_cpu_speed_writes_json_through_headroom_bench(tmp_path, cache_dir):
+    """Four sides interleaved per scale; each fraction of the peak is recomputed from its own rounds, the measured
+    peak and the training FLOPs per token (counted by hand from the config); bf16 ÷ fp32 from the same rounds."""
+    from lightning_modules.config import model_config_for
+    from lightning_modules.costs import flops_per_token
+
+    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "bench", "cpu_speed", "--tiny", "--out-dir",
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "cpu_speed.json").read_text())
+    assert res["peak_flops"]["fp32"] > 1e9 and res["peak_flops"]["bf16"] > 1e9
+    x = res["scales"]["xxxs"]
+    assert x["train_flops_per_token"] == 3 * flops_per_token(model_config_for("xxxs"), 32).total
+    _alternating(x["samples"], ["lightning_fp32", "plain_fp32", "lightning_bf16", "plain_bf16"])
+    for short in ("fp32", "bf16"):
+        fr = [s[f"lightning_{short}"] * x["train_flops_per_token"] / res["peak_flops"][short] for s in x["samples"]]
+        _check_median(x[f"lightning_{short}_fraction_of_peak"]["median"], x[f"lightning_{short}_fraction_of_peak"][
+            "spread"], fr, 2)
+    assert x["bf16_speedup"]["median"] == pytest.approx(
+        statistics.median(s["lightning_bf16"] / s["lightning_fp32"] for s in x["samples"]))
+    assert res["meets_goal"] == "inconclusive"  # 2 rounds never decide
