@@ -26,8 +26,8 @@ class Method:
 
     `scorer`: the function `(model, batches, loss_fn, mask=None, **options) -> [layers, heads]`, or its
     "module:function" path. `passes(n_heads, batch_tokens, calibration_tokens, options)`: forward-pass equivalents
-    per calibration token of one scoring round (a backward ≈ 2 forwards), what `--plan` multiplies by the
-    calibration tokens and the dense model's forward FLOPs per token. `needs_calibration`: whether it reads data.
+    per calibration token of one scoring round (a backward through the weights ≈ 2 forwards; one to the gates
+    only ≈ 1), what `--plan` multiplies by the calibration tokens and the dense model's forward FLOPs per token. `needs_calibration`: whether it reads data.
     `options`: the scorer's keyword defaults that its cost depends on (passed to `passes`). `memory`: how it holds
     accelerator memory, one of lightning_modules.memory.SCORING_MEMORY, which `--plan` packs GPUs by."""
 
@@ -100,7 +100,10 @@ _S = "lightning_modules.scoring:"
 L0_OPTIONS = {"steps": 150}  # score_l0's default gate-training steps, which its cost counts
 GPU_ABLATION_ROWS = 256  # score_ablation's rows per forward pass on a GPU (masks × batch), which its memory counts
 
-register_method(Method("gradient", _S + "score_gradient", _fixed(3),
+# gradient and l0 take the gradient of the loss with respect to the head gates only, the weights frozen: the backward
+# computes no weight gradients, so a forward and its backward cost about 2 forward passes, not a training step's 3
+# (tests/test_fair_compute.py counts them with torch's FLOP counter: 1.92)
+register_method(Method("gradient", _S + "score_gradient", _fixed(2),
                        description="Michel et al. 2019: E_x|∂L/∂ξ_h| per example, L2-normalised per layer"))
 register_method(Method("ablation", _S + "score_ablation",
                        lambda n_heads, bt, calib, o: n_heads + 1,  # one reference pass and one per head masked
@@ -114,7 +117,7 @@ register_method(Method("confidence", _S + "score_confidence", _fixed(1),
 register_method(Method("random", _S + "score_random", _fixed(0), needs_calibration=False,
                        description="seeded uniform scores: the baseline every method must beat", memory="weights"))
 register_method(Method("l0", _S + "score_l0",
-                       # gate training: forward + backward per step on one calibration batch each
-                       lambda n_heads, bt, calib, o: 3 * o["steps"] * bt / max(calib, 1),
+                       # gate training: a forward and a gate-only backward (2 passes) per step on one batch each
+                       lambda n_heads, bt, calib, o: 2 * o["steps"] * bt / max(calib, 1),
                        options=L0_OPTIONS,
                        description="Voita et al. 2019: hard-concrete gates trained for an expected-L0 penalty"))

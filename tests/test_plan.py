@@ -41,11 +41,11 @@ def test_plan_keys_tags_and_budgets():
     assert (se.heads, se.model.head_dim, se.train.steps) == ("4", 8, 20)  # xs: 8 heads of 8 → 4 heads
     assert (wide.heads, wide.model.head_dim) == ("4", 16)  # d_model 64 // 4
     # Scratch-B: the pruned arm's compute by hand, per token of a step: 20 dense steps (3 forward passes each),
-    # gradient scoring (a forward and a backward, 3 forward passes, per calibration token: calibration_batches
-    # batches of the training batch's size), no recovery steps
+    # gradient scoring (a forward and a gate-only backward, 2 forward passes, per calibration token:
+    # calibration_batches batches of the training batch's size), no recovery steps
     d8, d4 = model_config_for("xs", n_heads=8), model_config_for("xs", n_heads=4)
     f8, f4 = flops_per_token(d8, 32).total, flops_per_token(d4, 32).total
-    by_hand = round((20 * 3 * f8 + 3 * sweep.prune.calibration_batches * f8) / (3 * f4))
+    by_hand = round((20 * 3 * f8 + 2 * sweep.prune.calibration_batches * f8) / (3 * f4))
     assert sb.train.steps == by_hand > scratch_b_steps(d8, d4, 20, 0, 32) > 20  # scoring is charged
     pruned = prune_units(sweep, [u for u in units if u.arm == "dense"])
     assert len(pruned) == 2 * 2  # seeds × methods
@@ -350,6 +350,6 @@ def test_scratch_b_counts_every_candidate_fine_tune():
         b = next(u for u in train_units(sweep, "-") if u.arm == "scratch_b")
         c_dense = train_flops_per_token(model_config_for("xs"), 32)
         c_small = train_flops_per_token(b.model, 32)
-        # gradient scoring: 3 forward passes (a training step's FLOPs) per token of each calibration batch
-        budget = 20 * c_dense + sweep.prune.calibration_batches * c_dense + 25 * candidates * c_small
+        # gradient scoring: 2 forward passes (2/3 of a training step's FLOPs) per token of each calibration batch
+        budget = 20 * c_dense + sweep.prune.calibration_batches * c_dense * 2 / 3 + 25 * candidates * c_small
         assert abs(b.train.steps * c_small - budget) <= c_small / 2, (extra, b.train.steps, budget / c_small)
