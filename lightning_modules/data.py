@@ -224,8 +224,7 @@ class HeadroomData(pl.LightningDataModule):
     def with_train(self, train: TrainConfig, start: int = 0) -> HeadroomData:
         """The same prepared data with another training configuration (a recovery fine-tune's steps and rate),
         read from sample `start` of the seeded order (a recovery fine-tune: where the dense run's training stopped,
-        so that it sees text the dense run never trained on, as Scratch-B's extra steps do); this module is left as
-        it was."""
+        the samples Scratch-B's steps past T read too); this module is left as it was."""
         view = copy.copy(self)
         view.train_cfg, view.samples_consumed = train, start
         return view

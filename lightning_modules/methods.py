@@ -27,7 +27,8 @@ class Method:
     `scorer`: the function `(model, batches, loss_fn, mask=None, **options) -> [layers, heads]`, or its
     "module:function" path. `passes(n_heads, batch_tokens, calibration_tokens, options)`: forward-pass equivalents
     per calibration token of one scoring round (a backward through the weights ≈ 2 forwards; one to the gates
-    only ≈ 1), what `--plan` multiplies by the calibration tokens and the dense model's forward FLOPs per token. `needs_calibration`: whether it reads data.
+    only ≈ 1), what `--plan` multiplies by the calibration tokens and the dense model's forward FLOPs per token.
+    `needs_calibration`: whether it reads data.
     `options`: the scorer's keyword defaults that its cost depends on (passed to `passes`). `memory`: how it holds
     accelerator memory, one of lightning_modules.memory.SCORING_MEMORY, which `--plan` packs GPUs by."""
 
@@ -87,7 +88,8 @@ def scoring_flops(name: str, n_heads: int, batch_tokens: int, calibration_tokens
         * fwd_flops_per_token
 
 
-# the primary comparison's method (the report's headline): the scoring a Scratch-B of per-layer controls, which
+# the primary comparison's method (the report's headline; report/analysis.PRIMARY reads it here): the scoring a
+# Scratch-B of per-layer controls, which
 # stands for every method, is charged for (the sweep's first method when it prunes without this one)
 PRIMARY_METHOD = "gradient"
 

@@ -97,7 +97,7 @@ class PrunePlan(Recovery):
     @property
     def scoring_rounds(self) -> int:
         """How often the heads are scored: once, or once before each iterative step (pruning.select_heads)."""
-        return 1 if self.schedule == "one_shot" else math.ceil(self.ratio / self.step - 1e-9)
+        return 1 if self.schedule == "one_shot" else max(1, math.ceil(self.ratio / self.step - 1e-9))
 
 
 class DistillSpec(Strict):

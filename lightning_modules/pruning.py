@@ -201,12 +201,14 @@ def measure_latency(model, batch: dict, repeats: int = 20, warmup: int = 3) -> f
 
 
 def finetune(model, data, steps: int, lr: float, base: TrainConfig, loss_fn: LossFn | None = None,
-             progress: bool = False, clock=None, train_loss: LossFn | None = None):
+             progress: bool = False, clock=None, train_loss: LossFn | None = None, start: int | None = None):
     """Recovery fine-tune of a (physically pruned) model for `steps` steps with the LightningModule, minimising
     `train_loss` (default: `loss_fn`, the LM loss; distillation: lightning_modules/distill.py). Its data continues
     the dense run's seeded order where that run's training stopped (`base`: the dense run's training config, T
     steps of its batch size): the first fine-tune batch is the one the dense run would have taken at step T + 1,
-    never text it trained on. `clock` (a train.TrainClock) adds up the seconds inside training steps."""
+    the samples Scratch-B's steps past T read. `start` overrides that position (`headroom prune` with another batch
+    size than the run's: T × the run's own batch size). `clock` (a train.TrainClock) adds up the seconds inside
+    training steps."""
     if steps <= 0:
         return model
     cfg = base.model_copy(update={"steps": steps, "lr": lr, "warmup_steps": min(base.warmup_steps, steps // 10),
@@ -214,12 +216,12 @@ def finetune(model, data, steps: int, lr: float, base: TrainConfig, loss_fn: Los
     model.train()
     lm = HeadroomLM.from_model(model, cfg, loss_fn=loss_fn, train_loss_fn=train_loss)
     fit(build_trainer(cfg, None, progress=progress, callbacks=[clock] if clock is not None else ()), lm,
-        datamodule=data.with_train(cfg, start=base.steps * base.batch_size))
+        datamodule=data.with_train(cfg, start=base.steps * base.batch_size if start is None else start))
     return lm.model.eval()
 
 
 def recover(pruned, data, plan: PrunePlan, loaders: dict, loss_fn, timer: WorkTimer, progress: bool = False,
-            train_loss: LossFn | None = None):
+            train_loss: LossFn | None = None, start: int | None = None):
     """The recovery fine-tune of `plan` (none when finetune_steps is 0): each rate of the plan fine-tunes a copy,
     minimising `train_loss` (default: `loss_fn`), and the lowest validation loss — `loss_fn`, the LM loss, also
     after distillation — wins (chosen on val, never on an eval set). Returns (model, {split: evaluation after it,
@@ -230,7 +232,7 @@ def recover(pruned, data, plan: PrunePlan, loaders: dict, loss_fn, timer: WorkTi
     grid, val_of, finetuned = {}, {}, {}
     for lr in plan.finetune_lrs:
         candidate = finetune(copy.deepcopy(pruned), data, plan.finetune_steps, lr, data.train_cfg, loss_fn, progress,
-                             clock, train_loss)
+                             clock, train_loss, start)
         timer.s["train_s"] += clock.seconds
         clock.seconds = 0.0
         with timer("eval_s"):
@@ -279,7 +281,7 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
               curve_batches: int | None = None, loss_fn: LossFn | None = None, latency_batch_size: int = 16,
               latency_repeats: int = 20, curve: bool = True, progress: bool = False,
               method_options: dict | None = None, dense_eval: dict | None = None, random_draws: int = RANDOM_DRAWS,
-              recovery: str = "lm", distill: DistillSpec | None = None):
+              recovery: str = "lm", distill: DistillSpec | None = None, data_start: int | None = None):
     """The whole prune stage on one model: score on calibration, choose, evaluate masked (before fine-tune),
     remove physically, fine-tune (choosing its rate on val when the plan gives a grid), evaluate again, count and
     time. Returns (pruned model, scores, metrics).
@@ -345,7 +347,8 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
         after_prune = {s: evaluate_loss(pruned, l, loss_fn, per_window=not plan.finetune_steps)
                        for s, l in loaders.items() if plan.finetune_steps == 0 or s == "val"}
     train_loss = recovery_loss(recovery, model, distill) if plan.finetune_steps else None
-    pruned, final, finetune_info = recover(pruned, data, plan, loaders, loss_fn, timer, progress, train_loss)
+    pruned, final, finetune_info = recover(pruned, data, plan, loaders, loss_fn, timer, progress, train_loss,
+                                           data_start)
     if not plan.finetune_steps:
         final = after_prune
     windows["final"] = {s: split_windows(v) for s, v in final.items()}

@@ -102,7 +102,8 @@ def _add_data_args(p) -> None:
     p.add_argument("--batch-size", type=_positive_int)
     p.add_argument("--seq-len", type=_positive_int)
     p.add_argument("--calibration-batches", type=_positive_int, default=DEFAULT_CALIBRATION_BATCHES)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None,
+                   help="data order and random scores (default: the run's own seed, else 0)")
 
 
 def _add_score(sub) -> None:

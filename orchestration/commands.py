@@ -152,7 +152,9 @@ def _checkpoint_setup(args):
     check_source(data_cfg)
     base = dict(run.get("train_config") or {"steps": 1})
     seq_default = min(128, info.max_positions or 128)
-    base.update(seq_len=args.seq_len or base.get("seq_len", seq_default), seed=args.seed,
+    # the run's own seed (its data order, which the recovery fine-tune continues) unless --seed says otherwise
+    base.update(seq_len=args.seq_len or base.get("seq_len", seq_default),
+                seed=args.seed if args.seed is not None else base.get("seed", 0),
                 batch_size=args.batch_size or base.get("batch_size", 16))
     try:
         train_cfg = TrainConfig(**base)
@@ -196,7 +198,7 @@ def cmd_score(args) -> int:
 
     set_threads()
     model, data, calib = _load_for_scoring(info, data_cfg, train_cfg, family, args.calibration_batches)
-    scores = score_heads(model, calib, args.method, seed=args.seed)
+    scores = score_heads(model, calib, args.method, seed=train_cfg.seed)
     rows = [[None if math.isnan(x) else x for x in r] for r in scores.tolist()]
     png = out.with_suffix(".png")
     heatmap(rows, png, f"{args.method} importance — {Path(args.checkpoint).name}")
@@ -215,7 +217,7 @@ def cmd_prune(args) -> int:
     try:
         plan = PrunePlan(method=args.method, ratio=args.ratio, scope=args.scope,
                          schedule="iterative" if args.iterative else "one_shot", step=args.iterative or 0.1,
-                         finetune_steps=args.finetune_steps, finetune_lr=args.finetune_lr, seed=args.seed)
+                         finetune_steps=args.finetune_steps, finetune_lr=args.finetune_lr, seed=train_cfg.seed)
     except ValueError as e:
         raise HeadroomInputError(first_error(e)) from None
     check_ratio_fits(info.layer_heads, plan.ratio, plan.scope)
@@ -229,8 +231,11 @@ def cmd_prune(args) -> int:
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
         staging.mkdir(parents=True)
+        run_train = (info.run or {}).get("train_config") or {}
+        # the fine-tune continues the run's order where it stopped: T × the run's own batch size, whatever --batch-size
+        start = run_train["steps"] * run_train["batch_size"] if "batch_size" in run_train else None
         pruned, scores, metrics = run_prune(model, data, plan, eval_batches=args.eval_batches,
-                                            curve_batches=args.curve_batches,
+                                            curve_batches=args.curve_batches, data_start=start,
                                             calibration_batches=args.calibration_batches, progress=not args.quiet)
         metrics.update(checkpoint=str(args.checkpoint), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets,
                        tokenizer=data.tokenizer.name)

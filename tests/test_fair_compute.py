@@ -1,5 +1,5 @@
-"""The comparison's two tilts, closed: the recovery fine-tune reads text the dense run never trained on (it continues
-the dense run's order at step T + 1, as Scratch-B's extra steps see new text), and the compute spent scoring heads
+"""The comparison's two tilts, closed: the recovery fine-tune continues the dense run's order at step T + 1 (the
+samples Scratch-B's steps past T read; within the first epoch, text the dense run never saw), and the compute spent scoring heads
 is part of the pruned arm's compute that Scratch-B and Scratch-KD are given. References: the dense run's own loader
 iterated step by step, and the scoring FLOPs counted by hand from forward passes."""
 
@@ -14,7 +14,7 @@ from lightning_modules.config import DataConfig, TrainConfig, model_config_for
 from lightning_modules.costs import flops_per_token, train_flops_per_token
 
 
-def _batches_seen(model_cfg, train_cfg, data, base):
+def _batches_seen(model_cfg, train_cfg, data, base, start=None):
     """The input batches a recovery fine-tune of `train_cfg.steps` steps trains on (its clock sees each one)."""
     from lightning_modules.models import build_model
     from lightning_modules.pruning import finetune
@@ -30,7 +30,7 @@ def _batches_seen(model_cfg, train_cfg, data, base):
             super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
     rec = Recorder()
-    finetune(build_model(model_cfg, seed=0), data, train_cfg.steps, 1e-4, base, clock=rec)
+    finetune(build_model(model_cfg, seed=0), data, train_cfg.steps, 1e-4, base, clock=rec, start=start)
     return rec.batches
 
 
@@ -51,6 +51,11 @@ def test_recovery_fine_tune_continues_the_dense_order_at_step_t_plus_1(source, c
         assert torch.equal(seen[k], reference[T + k])
     for k in range(T):  # and never one the dense run trained on
         assert not any(torch.equal(s, reference[k]) for s in seen)
+    # `headroom prune --batch-size 2` of a run trained at batch 4: the fine-tune still starts at T × 4 samples (its
+    # batches are the halves of the dense order's batch T + 1, T + 2, ...)
+    half = _batches_seen(model_config_for("xxxs"), TrainConfig(steps=2, batch_size=2, seq_len=32), data,
+                         dense_cfg.model_copy(update={"batch_size": 2}), start=T * 4)
+    assert torch.equal(torch.cat(half), reference[T])
 
 
 def _sweep(methods: str, scope: str, schedule: str = "one_shot", extra: str = ""):

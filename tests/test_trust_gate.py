@@ -119,7 +119,8 @@ def test_dense_worse_than_scratch_e_is_a_finding_where_every_architecture_had_it
     assert d.state == FINDING, d.detail
     head = rep.headline("s", "decoder")
     assert not head.startswith("untrustworthy") and "half (2)" in head
-    assert "the extra heads do not help the dense model" in head and "(dense worse: refuted)" in head
+    assert "dense vs Scratch-E is a finding here" in head
+    assert "the extra heads hurt the dense model (against over-provisioning)" in head
     assert re.search(r"dense − Scratch-E r0.5 \+0.(19|20)\d\d \[\+0.\d+, \+0.\d+\]", head)  # with its interval
     assert "a finding" in _renders(rep, tmp_path)
     js = rep.verdict_json()
@@ -155,3 +156,47 @@ def test_converged_band_rarely_fails_a_converged_model():
     null, worse = fail_rate(0.0), fail_rate(-0.10)
     print(f"\nconverged band: fails a true 0% gain {null:.3f}, a 10% worsening {worse:.3f}")
     assert null <= 0.02 and worse >= 0.95
+
+
+def test_a_dense_model_far_worse_than_scratch_e_stays_a_failed_gate():
+    """A dense run stuck on a plateau passes `converged` (its loss does not move); worse than Scratch-E by more than
+    FINDING_CAP margins it is called broken, not a refutation."""
+    from orchestration.report.diagnostics import FINDING_CAP
+
+    rep = build(_finding_sweep(0.5))  # margin about 0.1: the gap's lower bound is far above 3 margins
+    d = next(g for g in rep.diagnostics if g.scale == "s" and g.check == "dense_vs_scratch_e")
+    assert FINDING_CAP == 3 and d.state == FAILED and "broken dense run" in d.detail
+    assert rep.headline("s", "decoder").startswith("untrustworthy")
+
+
+def test_a_finding_whose_interval_includes_zero_claims_nothing():
+    """dense − Scratch-E of 0.25, −0.05, 0.05 over three seeds: the interval [−0.30, +0.46] crosses the margin and 0."""
+    data = sweep(scratch_diffs=[0.25, -0.05, 0.05])
+    for r in data.runs:
+        if r.arm in ("dense", "dense_half", "scratch_e"):
+            r.params["lr_source"] = "searched"
+    d = next(g for g in build(data).diagnostics if g.scale == "s" and g.check == "dense_vs_scratch_e")
+    assert d.state == FINDING
+    assert "not shown to help, nor to hurt" in d.headline and "against over-provisioning" not in d.headline
+
+
+def test_searched_rates_read_what_the_check_reads_and_refuse_an_unbracketed_search():
+    from orchestration.report.diagnostics import searched_rates
+
+    data = _finding_sweep(0.2)
+    for r in data.runs:
+        r.params["lr"] = "0.004"
+    runs = list(data.runs)
+    cell = Cell("s", None)
+    assert searched_rates(runs, cell, "decoder") and searched_rates(runs, cell, "decoder", (1e-3, 1e-2))
+    # a global prune's Scratch-E records searched:<arch>; the check reads per-layer Scratch-E only
+    runs.append(Run("g", "g", "FINISHED", {**runs[-1].tags, "headroom.arm": "scratch_e", "headroom.scope": "global"},
+                    {}, {"lr_source": "searched:4x8", "lr": "0.004"}))
+    assert searched_rates(runs, cell, "decoder", (1e-3, 1e-2))
+    # a rate at the edge of the searched range: the search did not bracket the optimum
+    assert not searched_rates(runs, cell, "decoder", (1e-3, 4.1e-3))
+    assert not searched_rates(runs, cell, "decoder", (3.9e-3, 1e-1))
+    for r in runs:
+        if r.arm == "dense":
+            r.params["lr_source"] = "preset"
+    assert not searched_rates(runs, cell, "decoder")

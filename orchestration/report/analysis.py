@@ -11,6 +11,7 @@ from collections import defaultdict, namedtuple
 
 from lightning_modules.arms import ARMS, control_names
 from lightning_modules.config import prunable_fraction, within_tolerance
+from lightning_modules.methods import PRIMARY_METHOD
 
 from .. import metrics as M
 from ..axes import GROUPED
@@ -19,7 +20,7 @@ from .read import Run, Windows
 from .rows import Comparison, CurvePoint, Prunable, Replication
 from .stats import ALPHA, holm, paired, t_interval, verdict_of
 
-PRIMARY = {"method": "gradient", "scope": "per_layer", "schedule": "one_shot", "eval_set": "id"}
+PRIMARY = {"method": PRIMARY_METHOD, "scope": "per_layer", "schedule": "one_shot", "eval_set": "id"}
 
 
 def is_primary(row, *fields: str) -> bool:

@@ -112,10 +112,30 @@ def _combine(scale, family, name, failed: bool, short: list, parts: list, used: 
     return Diagnostic(scale, family, name, state, "; ".join(parts + short), max(used) if used else None)
 
 
-def searched_rates(runs, scale: Cell, family: str, arms=("dense", "scratch_e")) -> bool:
-    """Every run of these arms at the cell trained at the rate the sweep's search found for its architecture."""
-    mine = [r for r in runs if (r.scale, r.family) == (scale, family) and r.arm in arms]
-    return bool(mine) and all(r.params.get("lr_source") == "searched" for r in mine)
+# a dense model worse than Scratch-E by more than this many margins (the interval's lower bound) is a failed gate
+# even where it could be a finding: more heads at the same head_dim, data and steps, at its own rate, doing that much
+# worse is likelier a broken run (stuck on a plateau, which `converged` passes) than an answer
+FINDING_CAP = 3
+# a searched rate within this fraction of the search's log-range of either end did not bracket its optimum
+RANGE_EDGE = 0.05
+
+
+def searched_rates(runs, scale: Cell, family: str, search: tuple[float, float] | None = None) -> bool:
+    """Every dense and per-layer Scratch-E run at the cell (what dense_vs_scratch_e reads) trained at the rate the
+    sweep's search found for its architecture, and, given the search's (low, high), none at the edge of that
+    range (a search that did not bracket its optimum did not give the architecture its rate)."""
+    mine = [r for r in runs if (r.scale, r.family) == (scale, family)
+            and (r.arm == "dense" or (r.arm == "scratch_e" and r.scope == "per_layer"))]
+    if not mine or not all(str(r.params.get("lr_source", "")).startswith("searched") for r in mine):
+        return False
+    if search is None:
+        return True
+    lo, hi = (math.log(x) for x in search)
+    edge = RANGE_EDGE * (hi - lo)
+    try:
+        return all(lo + edge < math.log(float(r.params["lr"])) < hi - edge for r in mine)
+    except (KeyError, ValueError):
+        return False
 
 
 def dense_vs_scratch_e(runs, scale: Cell, family: str, margin: float, gate: bool = True) -> Diagnostic:
@@ -144,17 +164,21 @@ def dense_vs_scratch_e(runs, scale: Cell, family: str, margin: float, gate: bool
         m = margin * statistics.fmean(by_seed[s].metrics[_key()] for s in seeds)
         used.append(m)
         bad = ci[1] > m
+        capped = not gate and ci[0] > FINDING_CAP * m
         text = f"dense − Scratch-E r{ratio:g} {statistics.fmean(d):+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]"
-        if bad and not gate:
-            found.append(text + (" (dense worse: refuted)" if ci[0] > 0 else " (not shown within the margin, "
-                                                                              "nor worse)"))
-        failed |= bad and gate
-        parts.append(f"{text}, margin {m:.4f}" + ("" if not bad else " — dense is not shown to be within the margin "
-                                                  "of Scratch-E" if gate else " — a finding, not a gate: every "
-                                                  "architecture trained at its own searched rate and dense converged"))
+        if bad and not gate and not capped:
+            found.append(text + (": the extra heads hurt the dense model (against over-provisioning)" if ci[0] > 0
+                                 else ": the extra heads are not shown to help, nor to hurt"))
+        failed |= bad and (gate or capped)
+        parts.append(f"{text}, margin {m:.4f}" + (
+            "" if not bad else
+            f" — dense worse by more than {FINDING_CAP}× the margin: a broken dense run is likelier than an answer"
+            if capped else " — dense is not shown to be within the margin of Scratch-E" if gate else
+            " — a finding, not a gate: every architecture trained at its own searched rate and dense converged"))
     if found and not failed and not short:
         return Diagnostic(scale, family, name, FINDING, "; ".join(parts), max(used),
-                          headline="the extra heads do not help the dense model: " + "; ".join(found))
+                          headline="dense vs Scratch-E is a finding here (each architecture at its own searched "
+                                   "rate, dense converged): " + "; ".join(found))
     return _combine(scale, family, name, failed, short, parts, used)
 
 
@@ -339,11 +363,12 @@ def finite_losses(runs, scale: Cell, family: str) -> Diagnostic:
 
 
 def diagnose(runs, scale_families: list[tuple[Cell, str]], order: list[Cell], method: str, margin: float,
-             threshold: float) -> list[Diagnostic]:
+             threshold: float, search: tuple[float, float] | None = None) -> list[Diagnostic]:
+    """Every check at every (cell, family). `search`: the sweep's learning-rate search range (low, high), if any."""
     out = []
     for scale, family in scale_families:
         conv = converged(runs, scale, family, order, threshold)
-        gate = not (conv.state == PASSED and searched_rates(runs, scale, family))
+        gate = not (conv.state == PASSED and searched_rates(runs, scale, family, search))
         out += [dense_vs_scratch_e(runs, scale, family, margin, gate),
                 larger_scale_not_worse(runs, scale, family, order, margin),
                 informative_beats_random(runs, scale, family, method),

@@ -111,16 +111,18 @@ def timing(runs: list[Run]) -> list[Timing]:
             common = sorted(set(losses) & set(late))
             diffs = [losses[s] - late[s] for s in common]
             d_ci = t_interval(diffs) if p != 1.0 else None
-            word = "reference" if p == 1.0 else ("insufficient_seeds" if not common else _timing_word(d_ci, margin))
+            word = "reference" if p == 1.0 else ("insufficient_seeds" if not common else _timing_word(d_ci, margin)
+                                                 if all(map(math.isfinite, diffs)) else "inconclusive")
             with_se = sorted(set(losses) & set(se))
             se_diffs = [se[s] - losses[s] for s in with_se]
             se_ci = t_interval(se_diffs) if se_diffs else None
+            se_word = verdict_of(se_ci) if all(map(math.isfinite, se_diffs)) else "inconclusive"
             out.append(Timing(scale, family, ratio, method, p, ev, len(vals), mean(vals), list(ci) if ci else None,
                               mean(diffs) if diffs and p != 1.0 else None, list(d_ci) if d_ci else None, word,
                               mean(dense[(scale, family)]) if dense[(scale, family)] else None,
                               mean(scratch[(scale, family, ratio)]) if scratch[(scale, family, ratio)] else None,
                               margin, mean(se_diffs) if se_diffs else None, list(se_ci) if se_ci else None,
-                              verdict_of(se_ci)))
+                              se_word))
     return out
 
 

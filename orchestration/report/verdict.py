@@ -152,7 +152,9 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
     h1 = prunable(runs, tol)
     scale_fams = sorted({(p.scale, p.family) for p in h1}, key=lambda p: (scale_rank(p[0]), p))
     order = sorted({r.scale for r in runs}, key=scale_rank)  # scale labels, smallest first (budgets within)
-    diags = diagnose(runs, scale_fams, order, PRIMARY["method"], trust.margin, trust.doubling_gain)
+    search = data.spec.lr.search if data.spec is not None and data.spec.lr is not None else None
+    diags = diagnose(runs, scale_fams, order, PRIMARY["method"], trust.margin, trust.doubling_gain,
+                     (search.low, search.high) if search is not None else None)
     failed = frozenset(k for k in scale_fams if untrustworthy(diags, *k))
     shaky = frozenset(k for k in scale_fams if unverified(diags, *k))
     probe_series = probes(data)
