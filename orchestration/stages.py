@@ -41,7 +41,7 @@ from .report import headline_table, write_report
 from .resources import concurrency, ddp_trials, trial_bundle, trial_resources
 from .spec import Sweep
 from .summary import loss_table, timing
-from .where import Where, checkpoint_id, resolve_paths, resolve_where
+from .where import Where, checkpoint_id, resolve_paths, resolve_where, stop_on_signals
 
 FAULT_ENV = "HEADROOM_TEST_FAULT_STEP"  # test-only: the first dense train trial to reach this step kills itself
 
@@ -119,6 +119,7 @@ class Sweeper:
             ray.init(address=self.where.address or "local", logging_level="ERROR", log_to_driver=False,
                      include_dashboard=False if self.where.address is None else None,
                      **({"num_gpus": self.simulate_gpus} if self.simulate_gpus else {}))
+            stop_on_signals()
 
     def _grid(self, units: list[Unit], extra=None) -> dict:
         from ray import tune

@@ -72,3 +72,17 @@ def checkpoint_id(model_dir: str) -> str:
         if f.is_file():
             h.update(f"{f.name}:{f.stat().st_size}".encode())
     return "pretrained-" + h.hexdigest()[:16]
+
+
+def stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM (`kill PID`, `ray job stop`, a pod stopped) end a sweep's driver as KeyboardInterrupt: its
+    parent run is marked KILLED, its running children closed, and `--resume` continues. Installed after Ray starts
+    (ray.init puts its own SIGTERM handler in the driver, which ends the process without that bookkeeping), and also
+    for a driver a shell started in the background, which inherits SIGINT ignored."""
+    import signal
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)

@@ -195,3 +195,33 @@ def test_global_scope_controls_copy_the_pruned_head_counts(interrupted):
 
 
 # -------------------------------------------------------------------------------------------- pretrained
+
+
+def test_sigterm_stops_a_background_driver_and_resume_finishes_it(tmp_path, cache_dir):
+    """A driver a shell started in the background inherits SIGINT ignored; `kill PID` (SIGTERM) must still end it as
+    Ctrl-C does: exit 130, the parent run KILLED, no child left RUNNING; `--resume` then finishes every unit."""
+    text = RESUME_SWEEP.replace("name: resume", "name: sigterm").replace("steps: 100", "steps: 400").replace(
+        "seeds: [0, 1]", "seeds: [0]").replace("at: [0.2, 1]", "at: [1]").replace("scope: [per_layer, global]",
+                                                                             "scope: [per_layer]")
+    (tmp_path / "s.yaml").write_text(text)
+    proc = subprocess.Popen(sweep_cmd("s.yaml"), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "train:" in line:  # Ray is up and the train stage's trials are starting
+            time.sleep(8)
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    log = "".join(lines) + rest
+    assert proc.returncode == 130, log[-3000:]
+    c = client(tmp_path)
+    parents, children = split(runs_of(c, "sigterm"))
+    assert [p.info.status for p in parents] == ["KILLED"], log[-3000:]
+    assert all(r.info.status != "RUNNING" for r in children)
+    r = run_sweep(tmp_path, "s.yaml", "--resume")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    parents, children = split(runs_of(c, "sigterm"))
+    assert sorted(p.info.status for p in parents) == ["FINISHED"]
+    assert len({ch.data.tags["headroom.key"] for ch in children if ch.info.status == "FINISHED"}) == 4
