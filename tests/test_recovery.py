@@ -29,7 +29,8 @@ def _plan_json(tmp_path, text: str) -> list[dict]:
 def test_the_plan_lists_every_recovery_with_matched_compute(tmp_path):
     """Every (F, objective) gets its prune units and its own Scratch-B; scratch_kd exists for the distilled ones
     only; Scratch-E once. Compute from the config formulas (costs.flops_per_token, not the built models the plan
-    measures): the pruned arm T·C_dense + R·(C_pruned + [kd] C_dense/3) per token, R = F × the candidate rates;
+    measures): the pruned arm T·C_dense + S + R·(C_pruned + [kd] C_dense/3) per token, R = F × the candidate rates,
+    S its gradient scoring;
     Scratch-B and scratch_kd spend the same to within one of their steps."""
     from lightning_modules.config import model_config_for
     from lightning_modules.costs import flops_per_token
@@ -51,7 +52,9 @@ def test_the_plan_lists_every_recovery_with_matched_compute(tmp_path):
         assert [r["steps"] for r in mine if r["arm"] == "scratch_e"] == [T]
         for (f, kind), p in pruned.items():
             R = f * lrs
-            want = bt * (T * 3 * fwd_d + R * (3 * fwd_p + (fwd_d if kind == "distill" else 0)))
+            # ... + the gradient scoring of its heads: 2 forward passes per token of each calibration batch
+            scoring = 2 * sweep.prune.calibration_batches * fwd_d
+            want = bt * (T * 3 * fwd_d + scoring + R * (3 * fwd_p + (fwd_d if kind == "distill" else 0)))
             assert p["arm_train_flops"] == want, (f, kind)
             assert abs(sb[(f, kind)]["arm_train_flops"] - want) <= bt * 3 * fwd_p / 2 + 1
             assert sb[(f, kind)]["steps"] == round(want / (bt * 3 * fwd_p))

@@ -130,12 +130,18 @@ def test_smoke_scratch_b_gets_the_compute_of_the_pruned_arm(smoke):
 
     c = client(smoke["cwd"])
     _, children = split(runs_of(c, "smoke"))
+    # what the gradient prunes of each budget logged for scoring their heads, per token of a training step (8 × 64)
+    scoring = {r.data.tags["headroom.steps"]: r.data.metrics["cost/scoring_flops"] / (8 * 64) for r in children
+               if r.data.tags["headroom.arm"] == "pruned" and r.data.tags["headroom.method"] == "gradient"}
+    assert scoring and all(v > 0 for v in scoring.values())
     for r in children:
         if r.data.tags["headroom.arm"] == "scratch_b":
             fam = r.data.tags["headroom.family"]
             T = int(r.data.tags["headroom.steps"])
-            # the pruned arm's recovery: 10 fine-tune steps at each of the 3 candidate rates it chose among
-            want = scratch_b_steps(model_config_for("xs", fam, 8), model_config_for("xs", fam, 4), T, 3 * 10, 64)
+            # the pruned arm's recovery: 10 fine-tune steps at each of the 3 candidate rates it chose among, and the
+            # gradient scoring its prune runs logged
+            want = scratch_b_steps(model_config_for("xs", fam, 8), model_config_for("xs", fam, 4), T, 3 * 10, 64,
+                                   scoring=scoring[str(T)])
             assert int(r.data.params["steps"]) == want > T
 
 
