@@ -80,6 +80,10 @@ def stop_on_signals() -> None:
     (ray.init puts its own SIGTERM handler in the driver, which ends the process without that bookkeeping), and also
     for a driver a shell started in the background, which inherits SIGINT ignored."""
     import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers (a driver run from a thread keeps the process's own)
 
     def stop(signum, frame):
         raise KeyboardInterrupt
