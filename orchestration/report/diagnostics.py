@@ -112,12 +112,10 @@ def _combine(scale, family, name, failed: bool, short: list, parts: list, used: 
     return Diagnostic(scale, family, name, state, "; ".join(parts + short), max(used) if used else None)
 
 
-# a dense model worse than Scratch-E by more than this many margins (the interval's lower bound) is a failed gate
-# even where it could be a finding: more heads at the same head_dim, data and steps, at its own rate, doing that much
-# worse is likelier a broken run (stuck on a plateau, which `converged` passes) than an answer
+# a dense model worse than Scratch-E by more than this many margins (the interval's lower bound) stays a failed gate
+# where it could be a finding: likelier a broken run (stuck on a plateau, which `converged` passes) than an answer
 FINDING_CAP = 3
-# a searched rate within this fraction of the search's log-range of either end did not bracket its optimum
-RANGE_EDGE = 0.05
+RANGE_EDGE = 0.05  # a searched rate this close (a fraction of the log-range) to an end of its search: not bracketed
 
 
 def searched_rates(runs, scale: Cell, family: str, search: tuple[float, float] | None = None) -> bool:
