@@ -91,8 +91,12 @@ class Campaign:
     def submit(self, resume: bool) -> str:
         ray = self.stack.ray
         sid = f"faults-{len(self.jobs)}-{secrets.token_hex(3)}"
-        r = ray.ray("job", "submit", "--address", ray.dashboard, "--submission-id", sid, "--no-wait",
-                    "--working-dir", str(ROOT), "--", *self._entry(resume), timeout=300)
+        for _ in range(24):  # a loaded head's job agent may not be up yet: Ray answers "try again later"
+            r = ray.ray("job", "submit", "--address", ray.dashboard, "--submission-id", sid, "--no-wait",
+                        "--working-dir", str(ROOT), "--", *self._entry(resume), timeout=300)
+            if r.returncode == 0 or "No available agent" not in r.stderr:
+                break
+            time.sleep(5)
         if r.returncode != 0:
             raise RuntimeError(f"ray job submit failed: {r.stderr[-2000:]}")
         self.jobs.append(sid)
