@@ -132,6 +132,14 @@ def scoring_charge(sweep: Sweep, dense: ModelConfig, train: TrainConfig, method:
     return scoring_flops(method, sum(dense.layer_heads), bt, sweep.prune.calibration_batches * bt, fwd, rounds) / bt
 
 
+def unit_scoring_flops(u: Unit, n_heads: int, fwd_dense: float) -> float:
+    """The FLOPs prune unit `u`'s method spends scoring a dense model of `n_heads` heads in all and `fwd_dense`
+    forward FLOPs per token on the unit's calibration batches, every round of its schedule: what `--plan` counts and
+    the prune trial logs as cost/scoring_flops."""
+    bt = u.train.batch_size * u.train.seq_len
+    return scoring_flops(u.method, n_heads, bt, u.prune.calibration_batches * bt, fwd_dense, u.plan.scoring_rounds)
+
+
 def recovery_steps(sweep: Sweep, dense_lr: float | None, finetune_steps: int) -> int:
     """Steps the pruned arm of a dense model trained at `dense_lr` trains at its pruned size in a recovery of F =
     `finetune_steps`, as its prune units plan them (PrunePlan.recovery_steps): F for each candidate rate it

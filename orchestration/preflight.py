@@ -24,11 +24,10 @@ from lightning_modules.config import (
     check_compatible,
     heads_removed,
 )
-from lightning_modules.methods import scoring_flops
 from lightning_modules.prune_plan import PrunePlan
 
 from .packing import check_packing, unit_memory
-from .plan import Unit, build_plan, snapshot_step
+from .plan import Unit, build_plan, snapshot_step, unit_scoring_flops
 from .resources import trial_resources
 from .spec import Sweep
 
@@ -151,8 +150,7 @@ def _train_cost(sweep: Sweep, t: TrainConfig, fwd: int, final_eval: bool = True)
 def _prune_cost(sweep: Sweep, u: Unit, plan: PrunePlan, fwd_dense: int, fwd_pruned: int, n_heads: int) -> int:
     t = u.train
     bt = t.batch_size * t.seq_len
-    calib = u.prune.calibration_batches * bt
-    scoring = scoring_flops(plan.method, n_heads, bt, calib, fwd_dense, plan.scoring_rounds)
+    scoring = unit_scoring_flops(u, n_heads, fwd_dense)
     sets = _eval_sets(sweep)
     ev = _eval_tokens(t, t.eval_batches)
     curve = 0
@@ -239,9 +237,8 @@ def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
             est += _train_cost(sweep, t.model_copy(update={"steps": cont}), fwd, final_eval=False)
             steps += cont
             dense_steps -= cont
-        scoring = scoring_flops(plan.method, sum(d_model.layer_heads), bt, u.prune.calibration_batches * bt,
-                                fwd_dense, plan.scoring_rounds)
-        arm = 3 * fwd_dense * dense_steps * bt + scoring + 3 * fwd * steps * bt + teacher
+        arm = 3 * fwd_dense * dense_steps * bt + unit_scoring_flops(u, sum(d_model.layer_heads), fwd_dense) \
+            + 3 * fwd * steps * bt + teacher
         row = _row(u, "prune", pruned, params, fwd, steps, est, sweep, heads,
                    plan.finetune_lr if plan.finetune_lr is not None else "val-grid", arm_flops=arm, dense=d_model)
         # the fine-tune's rate: fixed by the sweep, or chosen on val from a grid of multiples of the dense rate

@@ -43,6 +43,7 @@ from .plan import (
     Unit,
     lr_candidate,
     snapshot_step,
+    unit_scoring_flops,
 )
 
 LATENCY_REPEATS = 5
@@ -259,14 +260,7 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
                 f"{unit.scale} {unit.family} seed {unit.seed}: ")
     flat = {"step": plan.finetune_steps, HISTORY: "[]", DONE: 1, KEPT: json.dumps(m["heads_kept"]), WORK: m["seconds"],
             **{k: m[k] for k in EVAL_PARAMS}, **_run_params(unit), **metric_names.timing(m["timing"]),
-            **metric_names.flatten_prune(m, data.eval_sets, plan.recovery_steps, _scoring_flops(unit, plan, m))}
+            **metric_names.flatten_prune(m, data.eval_sets, plan.recovery_steps,
+                                         unit_scoring_flops(unit, sum(m["heads_dense"]),
+                                                            m["flops_per_token"]["dense"]["total"]))}
     tune.report(flat, checkpoint=tune.Checkpoint.from_directory(str(out)))
-
-
-def _scoring_flops(unit, plan, m: dict) -> float:
-    """The FLOPs the prune's method spent scoring the dense model's heads on its calibration batches."""
-    from lightning_modules.methods import scoring_flops
-
-    bt = unit.train.batch_size * unit.train.seq_len
-    return scoring_flops(plan.method, sum(m["heads_dense"]), bt, unit.prune.calibration_batches * bt,
-                         m["flops_per_token"]["dense"]["total"], plan.scoring_rounds)
