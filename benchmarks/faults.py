@@ -159,9 +159,9 @@ class Campaign:
         import psutil
 
         out = []
-        for p in psutil.process_iter(["pid", "cmdline"]):
+        for p in self.stack.ray.processes():
             try:
-                if match(p.info["cmdline"] or []):
+                if match(p.cmdline()):
                     out.append(p)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue

@@ -256,6 +256,43 @@ class MLflow:
         return r.stdout
 
 
+def ray_processes(temp_dirs: list[str]) -> list:
+    """One Ray's processes and no other's on the machine: every process whose command line names one of its nodes'
+    temp dirs (GCS, raylets, dashboard, monitors), with everything they started (workers, agents, job drivers).
+    `ray stop` has no such filter: it stops every Ray of the user, a sweep running beside the tests included."""
+    import psutil
+
+    roots = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(d in " ".join(p.info["cmdline"] or []) for d in temp_dirs):
+            roots.append(p)
+    own = {p.pid: p for p in roots}
+    for p in roots:
+        try:
+            own.update((c.pid, c) for c in p.children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    return list(own.values())
+
+
+def stop_processes(procs: list, grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL for what is still alive after `grace` seconds."""
+    import psutil
+
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    left = psutil.wait_procs(procs, timeout=grace)[1]
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=10)
+
+
 class Ray:
     """A head and a worker node (`ray start`), token auth on, both with the RayCluster head container's env."""
 
@@ -293,9 +330,12 @@ class Ray:
             raise RuntimeError(r.stdout[-2000:] + r.stderr[-2000:])
         wait_http(f"{self.dashboard}/api/version", headers={"Authorization": f"Bearer {self.token}"}, timeout=120)
 
+    def processes(self) -> list:
+        return ray_processes(self.temp_dirs)
+
     def stop(self) -> None:
         if self.started:
-            self.ray("stop", "--force", "--grace-period", "2", timeout=120)
+            stop_processes(self.processes())
         for d in self.temp_dirs:
             shutil.rmtree(d, ignore_errors=True)
 

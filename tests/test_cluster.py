@@ -107,3 +107,35 @@ def test_checkpoints_lie_in_s3_and_trials_ran_on_both_nodes(campaign, cluster):
     assert r.returncode == 0, r.stderr[-2000:]
     nodes = {a["address"]["node_id"] if "address" in a else a["node_id"] for a in json.loads(r.stdout)}
     assert len(nodes) == 2
+
+
+def test_stopping_the_stack_stops_its_own_ray_and_no_other(cluster):
+    """Another Ray on the machine (a sweep running beside the tests) outlives the stack's: `ray stop --force`
+    stopped every Ray of the user, and killed a running sweep's cluster this way."""
+    import tempfile
+
+    import psutil
+    from loopback import free_port
+    from stack import BIN, ray_processes, stop_processes
+
+    def alive(p) -> bool:  # a zombie has exited (its parent, init here, has not reaped it yet)
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    other = tempfile.mkdtemp(prefix="hr-other-", dir="/tmp")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    r = subprocess.run([str(BIN / "ray"), "start", "--head", "--port", str(free_port()), "--temp-dir", other,
+                        "--num-cpus", "0", "--include-dashboard", "false", "--node-ip-address", "127.0.0.1",
+                        "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    try:
+        theirs, ours = ray_processes([other]), cluster.ray.processes()
+        assert theirs and len(ours) > len(theirs)  # two raylets, a GCS, the dashboard and the trials' workers
+        cluster.ray.stop()
+        assert not [p.pid for p in ours if alive(p)]
+        assert all(alive(p) for p in theirs)
+        assert cluster.ray.processes() == []
+    finally:
+        stop_processes(ray_processes([other]))
