@@ -39,9 +39,9 @@ def _int_or(default):
 class Axis:
     """One tag of a child run. `get(unit)` is the unit's value (default: its attribute `name`); `to_tag` writes it,
     `from_tag` reads the tag's text back (the value when the tag says "none" or is absent: `default`).
-    `key`: "always" (the unit's serialised field is hashed), "when_set" (hashed only when it differs from
-    `default`, so the units of sweeps that predate the axis keep their keys) or "derived" (never hashed: other
-    fields decide it). `sweep_field`: where a sweep file sets it ("" when the plan derives it). `groups`: the
+    `key`: "hashed" (the unit's field enters its key, by the rule of orchestration/unit.py: a field that keys did
+    not hash from the start only when it differs from its default) or "derived" (never hashed: other fields
+    decide it). `sweep_field`: where a sweep file sets it ("" when the plan derives it). `groups`: the
     report's comparisons pool runs that share it (a pruned arm's cell and its controls are grouped by every such
     axis, in declaration order; the seed pairs them)."""
 
@@ -51,7 +51,7 @@ class Axis:
     tag: str = ""
     to_tag: Callable[[object], str] = _text
     from_tag: Callable[[str], object] = _text
-    key: str = "always"
+    key: str = "hashed"
     get: Callable | None = None
     groups: bool = False
 
@@ -83,15 +83,15 @@ AXES: tuple[Axis, ...] = (
     Axis("budget", "scales.<scale>.steps", None, tag="steps", to_tag=_int_or_none, from_tag=_int_or(None),
          key="derived"),
     # prune units: the fraction of T at which heads are removed (1: the trained model); "none" on other units
-    Axis("prune_at", "prune.at", 1.0, to_tag=_num_or_none, from_tag=_float(1.0), key="when_set",
+    Axis("prune_at", "prune.at", 1.0, to_tag=_num_or_none, from_tag=_float(1.0),
          get=lambda u: u.prune_at if u.stage == "prune" else None),
     # the recovery budget F: a prune unit's own; a budget-matched control's when the sweep lists several F ("none":
-    # it stands for every F). Its key: hashed when set (a single F, as before the axis, adds nothing)
+    # it stands for every F)
     Axis("finetune_steps", "prune.finetune_steps", None, to_tag=_int_or_none, from_tag=_int_or(None),
-         key="when_set", get=lambda u: u.prune.finetune_steps if u.stage == "prune" else u.finetune_steps,
+         get=lambda u: u.prune.finetune_steps if u.stage == "prune" else u.finetune_steps,
          groups=True),
     # the recovery objective (lm | distill) of a prune unit, or of the pruned arm a control's budget is matched to
-    Axis("recovery", "prune.recovery", "lm", key="when_set", groups=True,
+    Axis("recovery", "prune.recovery", "lm", groups=True,
          get=lambda u: u.recovery if u.stage == "prune" or u.finetune_steps is not None or u.recovery != "lm"
          else NONE),
 )

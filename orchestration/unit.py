@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import MISSING, dataclass, fields, replace
+from functools import cache, partial
+from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, Field, TypeAdapter
 
 from lightning_modules.arms import ARMS
 from lightning_modules.config import SCALES, DataConfig, ModelConfig, TrainConfig
@@ -77,12 +79,37 @@ class PruneRun(Recovery, PruneData):
     multiples × the dense model's rate), the calibration data and the mask-only curve (PruneData's)."""
 
 
-# what a key hashes: the serialised unit, less its key and its budget (derived: train.steps and the dense key say
-# it); fields added after keys were first written enter only when they differ from their default, so units of
-# sweeps that do not use them keep their keys
-_NOT_HASHED = tuple(a.name for a in AXES if a.key == "derived")
-_HASHED_WHEN_SET = {"probes": None, "snapshots": [], "distill": None,
-                    **{a.name: a.default for a in AXES if a.key == "when_set"}}
+# What a key hashes: the unit's fields, less the derived ones (its key, its budget: train.steps and the dense key
+# say it), each field hashed only when it differs from its default — but for the fields a key has hashed since
+# keys were first written (below), hashed always, and in the layout they were first hashed in: a prune unit's
+# settings as "plan" (PrunePlan's fields), the calibration data's fields at the top (PruneRun's defaults on units
+# that do not prune). The one compatibility rule: it keeps every shipped sweep's keys, and a field added anywhere
+# later (on the unit, a config or the prune settings) enters the key as soon as a sweep sets it, with no list to edit.
+_NOT_HASHED = frozenset(a.name for a in AXES if a.key == "derived")
+_FIRST_KEYED: dict[str, frozenset] = {k: frozenset(v.split()) for k, v in {
+    "Unit": "stage arm scale family seed model train data corpus_hash heads method ratio scope schedule plan "
+            "dense_key calibration_batches curve curve_batches lr_source",
+    "ModelConfig": "family d_model n_layers n_heads head_dim d_ff vocab_size max_seq_len heads_per_layer",
+    "TrainConfig": "steps batch_size seq_len lr warmup_steps schedule min_lr_ratio weight_decay grad_clip betas "
+                   "precision seed val_every val_batches eval_batches mlm_probability",
+    "DataConfig": "source shift tokenizer bpe_vocab_size val_fraction calibration_fraction eval_fraction text_column",
+    "PrunePlan": "step finetune_steps finetune_lr finetune_lr_grid method ratio scope schedule seed",
+    "ProbeRun": "every method batches redundancy tolerance",
+    "DistillSpec": "temperature lm_weight"}.items()}
+
+
+def _kept(items, first: frozenset) -> dict:
+    """(name, value, default) → the key body's entries: a first-keyed field always, any other when not at its
+    default; a config as its own key body."""
+    return {n: _hashed(v) if isinstance(v, BaseModel) else _JSON(v) for n, v, d in items if n in first or v != d}
+
+
+def _hashed(config: BaseModel) -> dict:
+    items = [(n, getattr(config, n), f.get_default(call_default_factory=True)) for n, f in config.model_fields.items()]
+    return _kept(items, _FIRST_KEYED.get(type(config).__name__, frozenset()))
+
+
+_JSON = partial(TypeAdapter(Any).dump_python, mode="json")
 
 
 @dataclass(frozen=True)
@@ -129,9 +156,7 @@ class Unit:
                          seed=self.seed, **self.prune.recovery())
 
     def with_key(self) -> Unit:
-        body = {k: v for k, v in self.to_dict().items()
-                if k not in _NOT_HASHED and not (k in _HASHED_WHEN_SET and v == _HASHED_WHEN_SET[k])}
-        digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(json.dumps(self.key_body(), sort_keys=True, default=str).encode()).hexdigest()[:16]
         return replace(self, key=digest)
 
     @property
@@ -207,36 +232,30 @@ class Unit:
                      distill_lm_weight=self.distill.lm_weight)
         return {k: str(v) for k, v in p.items()}
 
-    def to_dict(self) -> dict:
-        """The serialised unit (JSON-able; the layout keys have always hashed, so keys stay stable)."""
-        dump = lambda c: None if c is None else c.model_dump(mode="json")
+    def key_body(self) -> dict:
+        """What the key hashes (the rule above `_FIRST_KEYED`)."""
+        default = lambda f: (f.default if f.default is not MISSING else
+                             f.default_factory() if f.default_factory is not MISSING else MISSING)
         r = self.prune or PruneRun()
-        return {
-            "stage": self.stage, "arm": self.arm, "scale": self.scale, "family": self.family, "seed": self.seed,
-            "model": dump(self.model), "train": dump(self.train), "data": dump(self.data),
-            "corpus_hash": self.corpus_hash, "heads": self.heads, "method": self.method, "ratio": self.ratio,
-            "scope": self.scope, "schedule": self.schedule, "plan": dump(self.plan), "dense_key": self.dense_key,
-            "calibration_batches": r.calibration_batches, "curve": r.curve, "curve_batches": r.curve_batches,
-            "probes": dump(self.probes), "lr_source": self.lr_source, "budget": self.budget,
-            "prune_at": self.prune_at, "snapshots": list(self.snapshots), "finetune_steps": self.finetune_steps,
-            "recovery": self.recovery, "distill": dump(self.distill), "key": self.key,
-        }
+        items = [(f.name, getattr(self, f.name), default(f)) for f in fields(self)
+                 if f.name not in _NOT_HASHED and f.name != "prune"]
+        items += [(n, getattr(r, n), f.get_default(call_default_factory=True))
+                  for n, f in type(r).model_fields.items() if n not in PrunePlan.model_fields]
+        items.append(("plan", self.plan, None))
+        return _kept(items, _FIRST_KEYED["Unit"])
+
+    def to_dict(self) -> dict:
+        """The serialised unit: every field, by pydantic from the dataclass's own declarations (JSON-able)."""
+        return _adapter(type(self)).dump_python(self, mode="json")
 
     @classmethod
     def from_dict(cls, d: dict) -> Unit:
-        plan = d.get("plan")
-        prune = None
-        if plan is not None:
-            prune = PruneRun(**{k: plan[k] for k in Recovery.model_fields}, curve=d["curve"],
-                             calibration_batches=d["calibration_batches"], curve_batches=d["curve_batches"])
-        return cls(d["stage"], d["arm"], d["scale"], d["family"], d["seed"],
-                   ModelConfig(**d["model"]) if d["model"] else None, TrainConfig(**d["train"]),
-                   DataConfig(**d["data"]), d["corpus_hash"], d["heads"], method=d["method"], ratio=d["ratio"],
-                   scope=d["scope"], schedule=d["schedule"], prune=prune, dense_key=d["dense_key"],
-                   probes=ProbeRun(**d["probes"]) if d.get("probes") else None, lr_source=d["lr_source"],
-                   budget=d.get("budget"), prune_at=d.get("prune_at", 1.0), snapshots=tuple(d.get("snapshots", ())),
-                   finetune_steps=d.get("finetune_steps"), recovery=d.get("recovery", "lm"),
-                   distill=DistillSpec(**d["distill"]) if d.get("distill") else None, key=d["key"])
+        return _adapter(cls).validate_python(d)
+
+
+@cache
+def _adapter(cls) -> TypeAdapter:
+    return TypeAdapter(cls)
 
 
 def _heads(h) -> str:

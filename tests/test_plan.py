@@ -60,8 +60,43 @@ def test_plan_keys_tags_and_budgets():
     for p in pruned:
         assert (p.plan.method, p.plan.ratio, p.plan.scope, p.plan.schedule, p.plan.seed) == (
             p.method, p.ratio, p.scope, p.schedule, p.seed)
-        assert p.to_dict()["plan"] == p.plan.model_dump(mode="json")
+        assert p.to_dict()["prune"] == p.prune.model_dump(mode="json")
     assert all(u.plan is None and u.prune is None for u in units)
+
+
+def test_a_new_unit_field_round_trips_and_enters_the_key_only_when_set():
+    """A field added to the unit, or to its prune settings, needs no list: it crosses the Ray boundary and comes
+    back with its value, a unit at the field's default keeps the key it had before the field existed, and a unit
+    that sets it gets another key. The fields are declared here, in the test alone."""
+    from dataclasses import dataclass, fields, replace
+
+    from orchestration.plan import Unit, build_plan
+    from orchestration.spec import parse_sweep
+    from orchestration.unit import PruneRun
+
+    plan = build_plan(parse_sweep(GOOD), "corpus-a")
+    trained, pruned = plan.trained[0], plan.pruned[0]
+
+    class NewPrune(PruneRun):
+        new_prune_setting: int = 0
+
+    ns = {"__module__": __name__}
+    Extra = dataclass(frozen=True)(type("Extra", (Unit,), {**ns, "__annotations__": {"new_field": int},
+                                                           "new_field": 0}))
+    ExtraPrune = dataclass(frozen=True)(type("ExtraPrune", (Unit,), {**ns, "__annotations__": {
+        "prune": NewPrune | None}, "prune": None}))
+    every = lambda u: {f.name: getattr(u, f.name) for f in fields(Unit)}
+    for u in (trained, pruned):
+        at_default = Extra(**every(u)).with_key()
+        assert at_default.key == u.key
+        set_ = replace(at_default, new_field=7).with_key()
+        back = Extra.from_dict(json.loads(json.dumps(set_.to_dict())))
+        assert back == set_ and back.new_field == 7 and set_.key != u.key
+    p0 = ExtraPrune(**{**every(pruned), "prune": NewPrune(**pruned.prune.model_dump())}).with_key()
+    assert p0.key == pruned.key
+    p7 = replace(p0, prune=NewPrune(**{**pruned.prune.model_dump(), "new_prune_setting": 7})).with_key()
+    back = ExtraPrune.from_dict(json.loads(json.dumps(p7.to_dict())))
+    assert back == p7 and back.prune.new_prune_setting == 7 and p7.key not in (pruned.key, p0.key)
 
 
 # -------------------------------------------------------------------------------- planning before compute
