@@ -67,7 +67,7 @@ class Axis:
         return self.from_tag(text) if text != NONE else self.default
 
 
-AXES: tuple[Axis, ...] = (
+AXES: list[Axis] = [  # declaration order; register_axis adds one (a test, or a study of its own)
     Axis("stage", ""),  # lr_search | train | prune | controls (a global prune's controls train in "train" units)
     Axis("arm", "controls"),
     Axis("scale", "scales", groups=True),  # the report's scale is the cell: with its budget when a scale lists several
@@ -94,9 +94,30 @@ AXES: tuple[Axis, ...] = (
     Axis("recovery", "prune.recovery", "lm", groups=True,
          get=lambda u: u.recovery if u.stage == "prune" or u.finetune_steps is not None or u.recovery != "lm"
          else NONE),
-)
+    # the comparison group a pruned run or a control belongs to: the values of every grouped axis, "*" where the
+    # run stands for every value (decided by the plan, orchestration/unit.py: comparison_group); "none" on others
+    Axis("group", "", key="derived", get=lambda u: u.comparison_group()),
+]
 BY_NAME = {a.name: a for a in AXES}
-GROUPED = tuple(a.name for a in AXES if a.groups)  # what the report's comparisons group by (report/analysis.py)
+
+
+def grouped() -> tuple[str, ...]:
+    """The axes a comparison group is made of (scale, family, ratio, method, scope, schedule, finetune_steps,
+    recovery, and any registered since), in declaration order."""
+    return tuple(a.name for a in AXES if a.groups)
+
+
+def register_axis(a: Axis, before: str = "key") -> Axis:
+    """Declare an axis (it goes before `before`: the grouped axes keep declaration order)."""
+    if a.name in BY_NAME:
+        raise ValueError(f"axis {a.name!r} is declared already")
+    AXES.insert(next(i for i, x in enumerate(AXES) if x.name == before), a)
+    BY_NAME[a.name] = a
+    return a
+
+
+def unregister_axis(name: str) -> None:
+    AXES.remove(BY_NAME.pop(name))
 
 
 def tags_of(unit) -> dict[str, str]:

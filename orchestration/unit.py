@@ -19,7 +19,7 @@ from lightning_modules.arms import ARMS
 from lightning_modules.config import SCALES, DataConfig, ModelConfig, TrainConfig
 from lightning_modules.prune_plan import DistillSpec, PruneData, PrunePlan, Recovery
 
-from .axes import AXES, tags_of
+from .axes import AXES, BY_NAME, grouped, tags_of
 from .metrics import WORK_KINDS  # noqa: F401 - where the summaries have found it
 from .spec import ProbeSpec
 
@@ -58,6 +58,45 @@ class Cell(str):
 
     def __reduce__(self):
         return Cell, (self.scale, self.budget)
+
+
+ANY = "*"  # a comparison group's value where a control stands for every value of the axis
+
+
+def stands_for(arm: str, scope: str, finetune_steps: int | None) -> frozenset[str]:
+    """The grouped axes a run of `arm` stands for every value of — decided here once, read by the plan's tag and by
+    the report for runs logged before the tag. A control trained for a per-layer prune's shape stands for every
+    method and schedule (a uniform shape, not planned per global prune: every scope too); one whose budget does
+    not follow the recovery stands for every recovery budget and objective, and one that follows it, planned
+    when the sweep lists one F (None), for every F. A pruned run stands for none; the other arms are in no
+    group (None)."""
+    if arm == "pruned":
+        return frozenset()
+    a = ARMS.get(arm)
+    if a is None or not a.control:
+        return None
+    wild = set()
+    if scope != "global":
+        wild |= {"method", "schedule"} | (set() if a.for_global else {"scope"})
+    if not a.per_recovery:
+        wild |= {"finetune_steps", "recovery"}
+    elif finetune_steps is None:
+        wild.add("finetune_steps")
+    return frozenset(wild)
+
+
+def group_text(values: dict, wild: frozenset) -> str:
+    """A comparison group as its tag: `axis=value` for every grouped axis, in declaration order, `*` where the run
+    stands for every value."""
+    return ";".join(f"{a}={ANY if a in wild else values[a]}" for a in grouped())
+
+
+def read_group(text: str) -> tuple[tuple[str, ...], frozenset] | None:
+    """A group tag back: (the grouped axes, in order; those that are `*`), or None for "none"."""
+    if text in (NONE, ""):
+        return None
+    pairs = [p.split("=", 1) for p in text.split(";")]
+    return tuple(a for a, _ in pairs), frozenset(a for a, v in pairs if v == ANY)
 
 
 def scale_rank(cell: Cell) -> tuple[int, int]:
@@ -187,6 +226,16 @@ class Unit:
 
     def tags(self) -> dict[str, str]:
         return tags_of(self)
+
+    def comparison_group(self) -> str:
+        """Its headroom.group tag: the pruned group it is (a prune unit), or the pruned groups it is compared
+        with (a control: `stands_for`); "none" for the other arms. The scale is the cell (with its budget)."""
+        wild = stands_for(self.arm, self.scope, self.finetune_steps) if self.stage != "lr_search" else None
+        if wild is None:
+            return NONE
+        values = {a: BY_NAME[a].to_tag(BY_NAME[a].value(self)) for a in grouped()}
+        values["scale"] = str(Cell(self.scale, self.budget))
+        return group_text(values, wild)
 
     def note(self) -> str:
         """What the unit is, in one sentence: its run's description in the MLflow UI."""

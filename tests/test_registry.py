@@ -154,8 +154,8 @@ def test_the_report_refuses_to_drop_a_run_that_its_grouping_cannot_tell_apart():
     c, d = run("xs-F20", finetune_steps="20"), run("xs-F20-kd", finetune_steps="20", recovery="distill")
     assert sorted(pruned_groups([c, d])) == [("xs", "decoder", 0.5, "gradient", "per_layer", "one_shot", 20, "distill"),
                                              ("xs", "decoder", 0.5, "gradient", "per_layer", "one_shot", 20, "lm")]
-    with pytest.raises(ValueError, match="xs-T100-a and xs-T200-b share family, method and seed 0"):
-        by_seed([a, b], ("family", "method"))
+    with pytest.raises(ValueError, match="xs-T100-a and xs-T200-b share their group and seed 0"):
+        by_seed([a, b], lambda r: (r.family, r.method))
 
 
 def test_a_store_whose_runs_miss_the_recovery_its_sweep_file_declares_is_refused(tmp_path):
@@ -194,3 +194,62 @@ def test_every_axis_a_sweep_file_sets_names_a_field_of_the_sweep_schema():
             ann = model.model_fields[part].annotation
             model = next((t for t in (getattr(ann, "__args__", None) or (ann,)) if hasattr(t, "model_fields")),
                          model if part == "scales" else None)
+
+
+def test_a_grouped_axis_declared_in_the_test_alone_is_grouped_paired_and_trended_by_name():
+    """An axis registered here (`widget`, grouped) splits every pruned group and its controls: each widget's pruned
+    runs pair with that widget's Scratch-E (the gaps planted per widget come back exactly), the other fields of a row
+    keep their values (no positional shift), and each widget gets its own trend across three scales."""
+    from orchestration.axes import Axis, register_axis, unregister_axis
+    from orchestration.report import Run, build
+    from orchestration.report.read import SweepRuns
+    from orchestration.unit import group_text, stands_for
+
+    gaps = {"a": (0.10, 0.12, 0.08), "b": (-0.05, -0.03, -0.07)}  # Scratch-E − pruned, per seed
+    slope = {"xs": 0.0, "s": 0.02, "m": 0.04}  # the gap grows with the scale, the same for both widgets
+    register_axis(Axis("widget", "prune.widget", groups=True))
+    try:
+        runs = []
+
+        def run(arm, scale, seed, widget, loss, **tags):
+            t = {"stage": "prune" if arm == "pruned" else "train", "arm": arm, "scale": scale, "family": "decoder",
+                 "heads": "8", "method": "none", "ratio": "none", "scope": "none", "schedule": "none",
+                 "seed": str(seed), "widget": widget, **tags}
+            values = {"scale": scale, "family": "decoder", "ratio": t["ratio"], "method": t["method"],
+                      "scope": t["scope"], "schedule": t["schedule"], "finetune_steps": t.get("finetune_steps", "0"),
+                      "recovery": "lm", "widget": widget}
+            wild = stands_for(arm, t["scope"], 10)
+            if wild is not None:
+                t["group"] = group_text(values, wild)
+            params = {"steps": "100", "batch_size": "8", "seq_len": "32", "finetune_steps": "10"}
+            n = {"xs": 1e4, "s": 4e4, "m": 1.6e5}[scale]
+            runs.append(Run(f"{scale}-{arm}-{widget}-{seed}", f"{scale}-{arm}-{widget}-{seed}", "FINISHED",
+                            {f"headroom.{k}": v for k, v in t.items()}, {"final/id/loss": loss, "dense/id/loss": 2.0,
+                            "pre_ft/id/loss": 2.1, "params_dense_nonembedding": n}, params))
+
+        for scale in ("xs", "s", "m"):
+            for seed in range(3):
+                run("dense", scale, seed, "none", 2.0)
+                for w, g in gaps.items():
+                    pruned = 2.05 + 0.01 * seed
+                    run("pruned", scale, seed, w, pruned, method="gradient", ratio="0.5", scope="per_layer",
+                        schedule="one_shot", kept="4", finetune_steps="10")
+                    run("scratch_e", scale, seed, w, pruned + g[seed] + slope[scale], ratio="0.5", scope="per_layer",
+                        heads="4")
+        rep = build(SweepRuns("memory", "t", "hash", "parent", None, runs, [], {}))
+        rows = [c for c in rep.comparisons if c.control == "scratch_e" and c.eval_set == "id" and c.stage == "final"]
+        assert len(rows) == 3 * 2
+        for c in rows:
+            w = c.group["widget"]
+            assert c.diff_mean == pytest.approx(statistics.fmean(gaps[w]) + slope[c.scale], abs=1e-12)
+            assert (c.method, c.scope, c.schedule, c.finetune_steps, c.recovery) == (
+                "gradient", "per_layer", "one_shot", 10, "lm")
+            assert c.to_json()["group"] == {"widget": w}
+        across = [t for t in rep.trends if t.control == "scratch_e" and t.fit == "across_scales"]
+        assert sorted(t.group["widget"] for t in across) == ["a", "b"]
+        for t in across:
+            assert [p.diff_mean for p in t.points] == pytest.approx(
+                [statistics.fmean(gaps[t.group["widget"]]) + slope[s] for s in ("xs", "s", "m")], abs=1e-12)
+            assert t.slope > 0
+    finally:
+        unregister_axis("widget")

@@ -260,16 +260,21 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     import pandas as pd
 
     from lightning_modules.arms import control_names
-    from orchestration.report.analysis import PRUNED_AXES, control_runs, pruned_groups
+    from orchestration.axes import grouped
+    from orchestration.report.analysis import control_runs, pruned_groups
 
     df = pd.read_csv(out / "runs.csv", dtype=str, keep_default_na=False)
-    cols = ["cell" if a == "scale" else a for a in PRUNED_AXES]
+    cols = ["cell" if a == "scale" else a for a in grouped()]
     exported = lambda rows, by: sorted(sorted(g.run_id) for _, g in rows.groupby(by))  # noqa: E731
     pooled = lambda groups: sorted(sorted(r.run_id for r in g.values()) for g in groups.values())  # noqa: E731
     pruned_rows = df[(df.arm == "pruned") & (df.prune_at.astype(float) == 1.0)]
     assert exported(pruned_rows, cols) == pooled(pruned_groups(rep.data.runs)) and len(pruned_rows) > 10
     control_rows = df[df.arm.isin(control_names())]
     assert exported(control_rows, ["arm", *cols]) == pooled(control_runs(rep.data.runs)) and len(control_rows) > 10
+    # its group column is the group each run is pooled in: one per pruned group, one per control's group and arm
+    assert exported(pruned_rows, ["group"]) == pooled(pruned_groups(rep.data.runs))
+    assert exported(control_rows, ["arm", "group"]) == pooled(control_runs(rep.data.runs))
+    assert set(control_rows.group.str.extract(r"method=([^;]*)")[0]) == {"*"}  # a per-layer control: every method
     m = store.c.get_run(parent).data.metrics
     c = _row(v["comparisons"], scale="xs", control="scratch_e", method="gradient", eval_set="id", finetune_steps=10)
     assert m["verdict/xs/decoder/r0.5/scratch_e/diff_mean"] == pytest.approx(c["diff_mean"])

@@ -14,10 +14,10 @@ from lightning_modules.config import prunable_fraction, within_tolerance
 from lightning_modules.methods import PRIMARY_METHOD
 
 from .. import metrics as M
-from ..axes import GROUPED
 from ..plan import scale_rank
+from ..unit import ANY
 from .read import Run, Windows
-from .rows import Comparison, CurvePoint, Prunable, Replication
+from .rows import Comparison, CurvePoint, Prunable, Replication, other_axes
 from .stats import ALPHA, holm, paired, t_interval, verdict_of
 
 PRIMARY = {"method": PRIMARY_METHOD, "scope": "per_layer", "schedule": "one_shot", "eval_set": "id"}
@@ -52,16 +52,15 @@ def by_scale(groups: dict) -> list:
     return sorted(groups.items(), key=lambda kv: (scale_rank(kv[0][0]), kv[0]))
 
 
-def by_seed(runs: list[Run], axes: tuple[str, ...]) -> dict:
-    """Runs grouped by the named axes (orchestration/axes.py; `scale` is the cell, budget included), then by seed:
-    {(values of axes): {seed: run}}. Two runs that share every named axis and the seed would overwrite each other —
-    the grouping left out an axis they differ on — so that raises, naming both, instead of dropping one."""
-    key = _key_type(axes)
+def by_seed(runs: list[Run], key_of) -> dict:
+    """Runs grouped by `key_of(run)`, then by seed: {key: {seed: run}}. Two runs that share the key and the seed
+    would overwrite each other — the grouping left out an axis they differ on — so that raises, naming both,
+    instead of dropping one."""
     groups = defaultdict(dict)
     for r in runs:
-        g = groups[key(*(getattr(r, a) for a in axes))]
+        g = groups[key_of(r)]
         if r.seed in g:
-            raise ValueError(f"runs {g[r.seed].name} and {r.name} share {', '.join(axes)} and seed {r.seed}: the "
+            raise ValueError(f"runs {g[r.seed].name} and {r.name} share their group and seed {r.seed}: the "
                              "report's grouping leaves out an axis they differ on")
         g[r.seed] = r
     return groups
@@ -73,21 +72,27 @@ def _key_type(axes: tuple[str, ...]):
     return namedtuple("Group", axes)
 
 
-PRUNED_AXES = GROUPED  # scale, family, ratio, method, scope, schedule, finetune_steps, recovery (orchestration/axes.py)
+def group_of(r: Run):
+    """The run's comparison group, as the plan stamped it: a named tuple over the grouped axes (the scale is the
+    cell), ANY where the run stands for every value."""
+    names, wild = r.group
+    return _key_type(names)(*(ANY if a in wild else getattr(r, a) for a in names))
+
+
+def _which(key) -> tuple:
+    """A group's cell, family, ratio, method, scope and schedule, read by name."""
+    return key.scale, key.family, key.ratio, key.method, key.scope, key.schedule
 
 
 def pruned_groups(runs: list[Run]) -> dict:
-    """(scale, family, ratio, method, scope, schedule, F, recovery) -> {seed: pruned run}, of the trained models'
-    prunes (prune_at 1; the timing axis has its own rows)."""
-    return by_seed([r for r in runs if r.arm == "pruned" and r.prune_at == 1.0], PRUNED_AXES)
+    """group -> {seed: pruned run}, of the trained models' prunes (prune_at 1; the timing axis has its own rows)."""
+    return by_seed([r for r in runs if r.arm == "pruned" and r.prune_at == 1.0], group_of)
 
 
 def control_runs(runs: list[Run]) -> dict:
-    """(arm, scale, family, ratio, method, scope, schedule, F, recovery) -> {seed: control run} (method, scope and
-    schedule "none"/"per_layer" except a global prune's own controls; F None and recovery "lm" except a control
-    whose budget follows the recovery)."""
+    """(arm, group) -> {seed: control run}; the group has ANY where the control stands for every value."""
     controls = control_names()
-    return by_seed([r for r in runs if r.arm in controls], ("arm", *PRUNED_AXES))
+    return by_seed([r for r in runs if r.arm in controls and r.group is not None], lambda r: (r.arm, group_of(r)))
 
 
 def _heads(text: str | None):
@@ -112,16 +117,11 @@ def _window_diffs(pw: list[dict | None], cw: list[dict | None]) -> tuple[list[li
 
 
 def controls_of(controls: dict, arm: str, key: tuple) -> dict:
-    """The control runs `arm` pairs with the pruned group `key` (PRUNED_AXES), by seed."""
-    a = ARMS[arm]
-    if key.scope == "per_layer" or not a.for_global:  # a uniform shape (wide) stands for every scope
-        key = key._replace(method="none", scope="per_layer", schedule="none")  # (else: a global prune's own)
-    if not a.per_recovery:  # its budget is the dense run's: it stands for every recovery
-        return controls.get((arm, *key._replace(finetune_steps=None, recovery="lm")), {})
-    if key.recovery not in a.recoveries:
-        return {}
-    # matched to this F and objective (F None: the sweep had one F, the control stands for it)
-    return controls.get((arm, *key)) or controls.get((arm, *key._replace(finetune_steps=None)), {})
+    """The runs of control `arm` the pruned group `key` pairs with, by seed: of the control groups that match it
+    (every axis equal, or ANY), the most specific."""
+    match = [(sum(v == ANY for v in g), g) for a, g in controls if a == arm and g._fields == key._fields
+             and all(v in (ANY, k) for v, k in zip(g, key))]
+    return controls[(arm, min(match, key=lambda m: m[0])[1])] if match else {}
 
 
 def primary_recovery(runs: list[Run], spec=None) -> tuple[int, str]:
@@ -169,7 +169,7 @@ def comparisons(runs: list[Run], windows: Windows | None = None,
     out = []
     for key, by_seed in by_scale(pruned_groups(runs)):
         scale, family, ratio, method, scope, schedule, rec = (key.scale, key.family, key.ratio, key.method, key.scope,
-                                                              key.schedule, key.recovery)
+                                                              key.schedule, key.recovery)  # by name
         first = by_seed[min(by_seed)]
         ft = first.finetune_steps or 0
         is_main = (ft, rec) == main
@@ -201,7 +201,7 @@ def comparisons(runs: list[Run], windows: Windows | None = None,
                         pruned_loss=mean(pruned), control_loss=mean(control), diff_mean=res.mean,
                         ci95=list(res.ci95) if res.ci95 else None, verdict=verdict, p_value=res.p, p_holm=None,
                         ci95_holm=None, verdict_raw=verdict, eval_tokens=int(tokens) if tokens is not None else None,
-                        window_share=res.window_share, recovery=rec, stage=stage))
+                        window_share=res.window_share, recovery=rec, stage=stage, group=other_axes(key)))
     _holm_adjust(out)
     return out
 
@@ -242,7 +242,8 @@ def prunable(runs: list[Run], tolerance: float) -> list[Prunable]:
     within tolerance of the same dense models' mean loss."""
     out = []
     sets = eval_sets(runs)
-    for (scale, family, ratio, method, scope, schedule, *_), by_seed in by_scale(pruned_groups(runs)):
+    for key, by_seed in by_scale(pruned_groups(runs)):
+        scale, family, ratio, method, scope, schedule = _which(key)
         for ev in sets:
             rs = [r for r in by_seed.values() if M.loss(M.PRE_FT, ev) in r.metrics and M.loss(M.DENSE, ev) in r.metrics]
             if not rs:
@@ -272,7 +273,8 @@ def prune_curves(runs: list[Run]) -> list[CurvePoint]:
     after recovery fine-tune. Mean and t-interval over seeds."""
     out = []
     per = defaultdict(lambda: defaultdict(dict))  # (scale, family, method, scope, schedule) -> seed -> ratio -> run
-    for (scale, family, ratio, method, scope, schedule, *_), by_seed in pruned_groups(runs).items():
+    for key, by_seed in pruned_groups(runs).items():
+        scale, family, ratio, method, scope, schedule = _which(key)
         for seed, r in by_seed.items():
             per[(scale, family, method, scope, schedule)][seed][ratio] = r
     for key, seeds in by_scale(per):
@@ -310,7 +312,8 @@ def best_methods(runs: list[Run]) -> dict:
     """(scale, family, ratio, scope, schedule) -> (method, mean val loss after fine-tune): the best method is
     chosen on the validation set, never on an eval set."""
     by = defaultdict(dict)
-    for (scale, family, ratio, method, scope, schedule, *_), by_seed in pruned_groups(runs).items():
+    for key, by_seed in pruned_groups(runs).items():
+        scale, family, ratio, method, scope, schedule = _which(key)
         vals = [r.metrics[M.loss(M.FINAL, "val")] for r in by_seed.values() if M.loss(M.FINAL, "val") in r.metrics]
         if vals:
             by[(scale, family, ratio, scope, schedule)][method] = mean(vals)

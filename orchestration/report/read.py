@@ -16,11 +16,11 @@ from pathlib import Path
 from lightning_modules.config import HeadroomInputError
 
 from .. import metrics as M
-from ..axes import read_tags
+from ..axes import grouped, read_tags
 from ..plan import expected_names
 from ..runstore import mlflow_client, search_runs
 from ..spec import Sweep
-from ..unit import SCORES_FILE, WINDOWS_FILE, Cell
+from ..unit import SCORES_FILE, WINDOWS_FILE, Cell, read_group, stands_for
 
 
 INF_STORED = 1.7976931348623157e308  # sys.float_info.max: how MLflow's stores write ±inf
@@ -52,6 +52,9 @@ class Run:
     # follows the recovery: the F it is matched to when the sweep lists several (None: it stands for every F)
     finetune_steps: int | None = field(init=False)
     recovery: str = field(init=False)  # lm | distill: a prune run's recovery objective, or a matched control's
+    # its comparison group, as the plan stamped it (headroom.group): (the grouped axes, those it stands for every
+    # value of); None outside every group (dense runs)
+    group: tuple[tuple[str, ...], frozenset] | None = field(init=False)
 
     def tag(self, name: str) -> str:
         return self.tags.get(f"headroom.{name}", "none")
@@ -66,6 +69,11 @@ class Run:
         self.scale = Cell(self.scale, self.budget)  # each budget of a scale is a cell of its own: "s-T1500"
         if self.finetune_steps is None and self.arm == "pruned":
             self.finetune_steps = int(self.params.get("finetune_steps", 0))
+        if "headroom.group" in self.tags:
+            self.group = read_group(self.group)
+        else:  # logged before the plan stamped the group: the plan's rule, applied to the run's own tags
+            wild = stands_for(self.arm, self.scope, self.finetune_steps)
+            self.group = None if wild is None else (grouped(), wild)
 
 
 @dataclass

@@ -3,7 +3,7 @@ names of the verdict.json contract (docs/design.md)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from ..unit import Cell
 
@@ -42,9 +42,11 @@ class Comparison:
     window_share: float | None  # of the variance, from the eval windows; None without per-window losses
     recovery: str = "lm"  # the recovery objective of the pruned group (lm | distill)
     stage: str = "final"  # pre_ft: the masked model before fine-tune; final: after the recovery (F steps)
+    # the group's other grouped axes (declared since these fields were: orchestration/axes.py), by name
+    group: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return _without_empty_group(asdict(self))
 
 
 @dataclass
@@ -201,11 +203,12 @@ class Trend:
     groups: list[dict] | None = None  # per group: intercept, range, crossover, its interval, established
     note: str | None = None
     budget: int | None = None  # across_scales: the step count of the scales fitted (None: a single-budget sweep)
+    group: dict = field(default_factory=dict)  # as Comparison.group: the trend's value of every other grouped axis
 
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("points")
-        return d
+        return _without_empty_group(d)
 
 
 @dataclass
@@ -275,3 +278,15 @@ class Replication:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def other_axes(key) -> dict:
+    """A group's axes that a Comparison does not name a field after (an axis registered later), by name."""
+    return {a: v for a, v in key._asdict().items() if a not in Comparison.__dataclass_fields__}
+
+
+def _without_empty_group(d: dict) -> dict:
+    """verdict.json rows carry `group` only when a sweep has such axes (its rows stay as they were otherwise)."""
+    if not d.get("group"):
+        d.pop("group", None)
+    return d

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import replace
 
 from lightning_modules.arms import control_names
 
@@ -51,7 +52,7 @@ from .analysis import (
     pruned_groups,
 )
 from .read import Run
-from .rows import Timing, Trend, TrendPoint
+from .rows import Timing, Trend, TrendPoint, other_axes
 from .stats import t_interval, verdict_of
 
 AXES = ("tokens_per_param", "params")
@@ -141,13 +142,15 @@ def _x(r: Run) -> tuple[float, float] | None:
 
 
 def gap_points(runs: list[Run], exclude: frozenset = frozenset()) -> dict:
-    """(family, ratio, control) -> [(cell, tokens per parameter, parameters, [control − pruned per seed])] on the
-    primary comparison after the recovery fine-tune; cells in `exclude` ((cell, family) pairs) left out."""
+    """(family, ratio, control, the group's other axes) -> [(cell, tokens per parameter, parameters, [control −
+    pruned per seed])] on the primary comparison after the recovery fine-tune; cells in `exclude` ((cell, family)
+    pairs) left out."""
     key = M.loss(M.FINAL, PRIMARY["eval_set"])
     controls = control_runs(runs)
     out = defaultdict(list)
     for gkey, by_seed in by_scale(pruned_groups(runs)):
-        scale, family, ratio, method, scope, schedule, *_ = gkey
+        scale, family, ratio, method, scope, schedule = gkey.scale, gkey.family, gkey.ratio, gkey.method, gkey.scope, \
+            gkey.schedule
         if not primary_values(method=method, scope=scope, schedule=schedule):
             continue
         if (scale, family) in exclude:
@@ -159,7 +162,7 @@ def gap_points(runs: list[Run], exclude: frozenset = frozenset()) -> dict:
             ctrl = controls_of(controls, arm, gkey)
             seeds = [s for s in sorted(set(by_seed) & set(ctrl)) if key in by_seed[s].metrics and key in ctrl[s].metrics]
             if seeds:
-                out[(family, ratio, arm)].append(
+                out[(family, ratio, arm, tuple(other_axes(gkey).items()))].append(
                     (scale, x[0], x[1], [ctrl[s].metrics[key] - by_seed[s].metrics[key] for s in seeds]))
     return out
 
@@ -280,9 +283,9 @@ def trends(runs: list[Run], exclude: frozenset = frozenset(), unverified: frozen
     out = []
     all_pts = gap_points(runs)
     kept_pts = gap_points(runs, exclude)
-    for (family, ratio, control), pts in sorted(all_pts.items()):
+    for (family, ratio, control, other), pts in sorted(all_pts.items()):
         left_out = sorted({c for c, *_ in pts if (c, family) in exclude}, key=scale_rank)
-        used = kept_pts.get((family, ratio, control), [])
+        used = kept_pts.get((family, ratio, control, other), [])
         points = []
         for cell, tpp, params, gaps in pts:
             ci = t_interval(gaps)
@@ -292,7 +295,7 @@ def trends(runs: list[Run], exclude: frozenset = frozenset(), unverified: frozen
         row = _fit_row(family, ratio, control, "tokens_per_param", "within_scales", pts, used, points, left_out,
                        shaky)
         if row is not None:
-            out.append(row)
+            out.append(replace(row, group=dict(other)))
         # across scales: one fit per budget (step count), one cell per scale
         for budget in sorted({c.budget for c, *_ in pts}, key=lambda b: b or 0):
             at = [p for p in pts if p[0].budget == budget]
@@ -304,5 +307,5 @@ def trends(runs: list[Run], exclude: frozenset = frozenset(), unverified: frozen
                            [p for p in points if p.cell.budget == budget], gone, shaky, budget,
                            ACROSS_NOTE)
             if row is not None:
-                out.append(row)
+                out.append(replace(row, group=dict(other)))
     return out
