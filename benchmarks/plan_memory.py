@@ -103,14 +103,14 @@ for spec in sys.argv[1:]:
 def estimate(spec: str) -> dict:
     """The plan's figures for a configuration: {"train", "evaluation", ...} or, for a scoring one, {"scoring"}."""
     from lightning_modules.config import model_config_for
-    from lightning_modules.memory import scoring_memory, train_memory
+    from lightning_modules.memory import train_memory
     from lightning_modules.methods import get_method
 
     family, scale, batch, seq, precision, vocab, *extra = spec.split(":")
     extra = dict(e.split("=") for e in extra)
     mc = model_config_for(scale, family=family, vocab_size=int(vocab))
     if "score" in extra:
-        return {"scoring": scoring_memory(get_method(extra["score"]).memory, mc, int(batch), int(seq), rows=ROWS)}
+        return {"scoring": get_method(extra["score"]).memory(mc, int(batch), int(seq), True)}
     teacher = model_config_for(extra["kd"], family=family, vocab_size=int(vocab)) if "kd" in extra else None
     est = train_memory(mc, int(batch), int(seq), precision, teacher=teacher)
     return {"params": est.params, "static": est.static, "activations": est.activations,

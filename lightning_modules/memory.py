@@ -116,39 +116,43 @@ def forward_bytes(cfg: ModelConfig, tokens: int) -> int:
     return (logits + _widest_layer(cfg)) * tokens
 
 
-# how a scoring method holds memory (methods.Method.memory), all in fp32 (scoring runs without autocast):
-#   weights   — the weights only (magnitude, random);
-#   backward  — a forward and backward pass at the calibration batch, parameters frozen (gradient, l0): an upper
-#               bound, since frozen weights spare the saved inputs of their products;
-#   rows      — forward passes of one copy of the batch per masked head, up to `rows` rows at once (ablation;
-#               256 on a GPU, one batch on a CPU);
-#   attention — one forward pass returning every layer's attention map, B × heads × T × T each, beside the
-#               forward's temporaries and one layer's scores, then the entropy's three map-sized temporaries
-#               (entropy, confidence).
-SCORING_MEMORY = ("weights", "backward", "rows", "attention")
+# How the scoring methods of lightning_modules/methods.py hold memory, all in fp32 (scoring runs without autocast).
+# A method declares one of these (or its own function of the same signature) as `Method.memory`:
+# (cfg, batch_size, seq_len, gpu) -> peak bytes of scoring cfg's heads on batches of batch_size × seq_len, on a GPU
+# (gpu True) or a CPU; --plan packs GPUs by it.
 
 
-def scoring_memory(kind: str, cfg: ModelConfig, batch_size: int, seq_len: int, rows: int = 1) -> int:
-    """Peak bytes of scoring `cfg`'s heads on batches of `batch_size` × `seq_len` (see SCORING_MEMORY)."""
-    weights = 4 * param_counts(cfg).total
-    tokens = batch_size * seq_len
-    if kind == "weights":
-        return weights
-    if kind == "backward":
-        return weights + (activation_bytes(cfg, "32-true") + 8 * cfg.vocab_size) * tokens
-    if kind == "rows":  # one copy of the batch per masked head, at most `rows` rows (or one batch) per pass
-        copies = min(sum(cfg.layer_heads) * batch_size, max(rows, batch_size))
-        return weights + forward_bytes(cfg, copies * seq_len)
-    if kind == "attention":  # every layer's map kept; beside them the forward's own, then the entropy's, temporaries
-        one = 4 * batch_size * max(cfg.layer_heads) * seq_len**2
-        maps = sum(4 * batch_size * h * seq_len**2 for h in cfg.layer_heads)
-        return weights + maps + max(forward_bytes(cfg, tokens) + one, 3 * one)
-    raise ValueError(f"scoring memory {kind!r}: one of {', '.join(SCORING_MEMORY)}")
+def weights_memory(cfg: ModelConfig, batch_size: int, seq_len: int, gpu: bool = False) -> int:
+    """The weights only (magnitude, random)."""
+    return 4 * param_counts(cfg).total
+
+
+def backward_memory(cfg: ModelConfig, batch_size: int, seq_len: int, gpu: bool = False) -> int:
+    """A forward and backward pass at the calibration batch, parameters frozen (gradient, l0): an upper bound, since
+    frozen weights spare the saved inputs of their products."""
+    return weights_memory(cfg, 0, 0) + (activation_bytes(cfg, "32-true") + 8 * cfg.vocab_size) * batch_size * seq_len
+
+
+def rows_memory(gpu_rows: int):
+    """Forward passes of one copy of the batch per masked head, up to `gpu_rows` rows at once on a GPU and one batch
+    on a CPU (ablation)."""
+    def peak(cfg: ModelConfig, batch_size: int, seq_len: int, gpu: bool = False) -> int:
+        copies = min(sum(cfg.layer_heads) * batch_size, max(gpu_rows if gpu else 1, batch_size))
+        return weights_memory(cfg, 0, 0) + forward_bytes(cfg, copies * seq_len)
+    return peak
+
+
+def attention_memory(cfg: ModelConfig, batch_size: int, seq_len: int, gpu: bool = False) -> int:
+    """One forward pass returning every layer's attention map, B × heads × T × T each, beside the forward's
+    temporaries and one layer's scores, then the entropy's three map-sized temporaries (entropy, confidence)."""
+    one = 4 * batch_size * max(cfg.layer_heads) * seq_len**2
+    maps = sum(4 * batch_size * h * seq_len**2 for h in cfg.layer_heads)
+    return weights_memory(cfg, 0, 0) + maps + max(forward_bytes(cfg, batch_size * seq_len) + one, 3 * one)
 
 
 def prune_memory(dense: ModelConfig, pruned: ModelConfig, batch_size: int, seq_len: int, precision: str,
                  scoring: int, distill: bool = False) -> int:
-    """Peak of a prune trial: `scoring` (scoring_memory of its method), or the recovery fine-tune of the pruned
+    """Peak of a prune trial: `scoring` (its method's declared memory), or the recovery fine-tune of the pruned
     model with the dense model still held (its fp32 weights; as the teacher when it distils)."""
     ft = train_memory(pruned, batch_size, seq_len, precision, teacher=dense if distill else None)
     return max(scoring, ft.peak + (0 if distill else 4 * param_counts(dense).total))

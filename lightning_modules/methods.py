@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .memory import SCORING_MEMORY
+from .memory import attention_memory, backward_memory, rows_memory, weights_memory
 
 
 def _fixed(passes: float) -> Callable[..., float]:
@@ -30,7 +30,8 @@ class Method:
     only ≈ 1), what `--plan` multiplies by the calibration tokens and the dense model's forward FLOPs per token.
     `needs_calibration`: whether it reads data.
     `options`: the scorer's keyword defaults that its cost depends on (passed to `passes`). `memory`: how it holds
-    accelerator memory, one of lightning_modules.memory.SCORING_MEMORY, which `--plan` packs GPUs by."""
+    memory, `(cfg, batch_size, seq_len, gpu) -> peak bytes` (lightning_modules/memory.py has the usual ones), which
+    `--plan` packs GPUs by."""
 
     name: str
     scorer: str | Callable
@@ -38,11 +39,11 @@ class Method:
     needs_calibration: bool = True
     options: Mapping = field(default_factory=dict)
     description: str = ""
-    memory: str = "backward"
+    memory: Callable[[object, int, int, bool], int] = backward_memory
 
     def __post_init__(self):
-        if self.memory not in SCORING_MEMORY:
-            raise ValueError(f"method {self.name}: memory {self.memory!r} is not one of {', '.join(SCORING_MEMORY)}")
+        if not callable(self.memory):
+            raise ValueError(f"method {self.name}: memory must be a function (cfg, batch_size, seq_len, gpu) -> bytes")
 
     def score_fn(self) -> Callable:
         if callable(self.scorer):
@@ -109,15 +110,15 @@ register_method(Method("gradient", _S + "score_gradient", _fixed(2),
                        description="Michel et al. 2019: E_x|∂L/∂ξ_h| per example, L2-normalised per layer"))
 register_method(Method("ablation", _S + "score_ablation",
                        lambda n_heads, bt, calib, o: n_heads + 1,  # one reference pass and one per head masked
-                       description="leave-one-out: E_x|L_x(ξ_h = 0) − L_x|", memory="rows"))
+                       description="leave-one-out: E_x|L_x(ξ_h = 0) − L_x|", memory=rows_memory(GPU_ABLATION_ROWS)))
 register_method(Method("magnitude", _S + "score_magnitude", _fixed(0), needs_calibration=False,
-                       description="the Frobenius norm of the head's OV circuit (no data)", memory="weights"))
+                       description="the Frobenius norm of the head's OV circuit (no data)", memory=weights_memory))
 register_method(Method("entropy", _S + "score_entropy", _fixed(1),
-                       description="attention entropy (low: focused)", memory="attention"))
+                       description="attention entropy (low: focused)", memory=attention_memory))
 register_method(Method("confidence", _S + "score_confidence", _fixed(1),
-                       description="Voita et al. 2019: the mean maximum attention weight", memory="attention"))
+                       description="Voita et al. 2019: the mean maximum attention weight", memory=attention_memory))
 register_method(Method("random", _S + "score_random", _fixed(0), needs_calibration=False,
-                       description="seeded uniform scores: the baseline every method must beat", memory="weights"))
+                       description="seeded uniform scores: the baseline every method must beat", memory=weights_memory))
 register_method(Method("l0", _S + "score_l0",
                        # gate training: a forward and a gate-only backward (2 passes) per step on one batch each
                        lambda n_heads, bt, calib, o: 2 * o["steps"] * bt / max(calib, 1),

@@ -23,7 +23,7 @@ from lightning_modules.tokens import planned_vocab_size
 from .bench import add_bench
 from .commands import TRAIN_FLAGS, cmd_prune, cmd_score, cmd_train
 from .frameworks import quiet_frameworks as _quiet_frameworks
-from .plan import pretrained_units
+from .plan import build_plan, pretrained_units
 from .packing import packing_note
 from .preflight import format_table, plan_rows
 from .report import headline_table, write_report
@@ -267,9 +267,6 @@ def cmd_sweep(args) -> int:
     if args.simulate_gpus and ddp:
         raise HeadroomInputError(f"--simulate-gpus: scale {ddp[0]} trains data-parallel on GPUs (workers > 1), "
                                  "which needs NCCL on real GPUs; simulate with workers: 1")
-    if sweep.pretrained is None:  # every unit buildable and every GPU's trials fitting it, before Ray or data start
-        _quiet_frameworks()
-        plan_rows(sweep, "plan", planned_vocab_size(sweep.data)[0])
     return run_sweep(sweep, args.file, text, resume=args.resume, address=args.address, tracking_uri=args.tracking_uri,
                      storage=args.storage, progress=not args.quiet, register=args.register,
                      simulate_gpus=args.simulate_gpus)
@@ -291,7 +288,7 @@ def _print_plan(sweep, as_json: bool) -> int:
                   f"{info.layer_heads}); nothing is trained from scratch\n" + "\n".join(u.name for u in units))
         return 0
     vocab, how = planned_vocab_size(sweep.data)
-    rows = plan_rows(sweep, "plan", vocab)
+    rows = plan_rows(build_plan(sweep, "plan", vocab))
     if as_json:
         print(json.dumps([r.to_json() for r in rows], indent=1))
     else:

@@ -15,8 +15,8 @@ import math
 from collections.abc import Sequence
 
 from lightning_modules.config import HeadroomInputError, ModelConfig
-from lightning_modules.memory import prune_memory, scoring_memory, train_memory
-from lightning_modules.methods import GPU_ABLATION_ROWS, get_method
+from lightning_modules.memory import prune_memory, train_memory
+from lightning_modules.methods import get_method
 
 from .spec import Sweep
 from .unit import Unit
@@ -39,8 +39,7 @@ def unit_memory(sweep: Sweep, u: Unit, model: ModelConfig, dense: ModelConfig | 
     held while the pruned one is fine-tuned), or a distilled control's teacher."""
     t, prec = u.train, trial_precision(sweep, u)
     if u.stage == "prune":
-        rows = GPU_ABLATION_ROWS if sweep.resources_for(u.scale).gpu else 1
-        scoring = scoring_memory(get_method(u.method).memory, dense, t.batch_size, t.seq_len, rows=rows)
+        scoring = get_method(u.method).memory(dense, t.batch_size, t.seq_len, bool(sweep.resources_for(u.scale).gpu))
         return prune_memory(dense, model, t.batch_size, t.seq_len, prec, scoring, distill=u.recovery == "distill")
     workers = sweep.resources_for(u.scale).workers
     return train_memory(model, t.batch_size, t.seq_len, prec, workers=workers, teacher=dense).peak

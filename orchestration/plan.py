@@ -312,6 +312,27 @@ class Plan:
     # controls that learn from the dense run of their cell and seed (arms.Arm.teacher: scratch_kd), trained once
     # that run has finished (with the global controls, after the prunes)
     taught: list[Unit] = ()
+    corpus_hash: str = "-"
+    vocab_size: int = BYTE_VOCAB_SIZE
+
+    def with_rates(self, lrs: dict) -> Plan:
+        """The plan once the learning-rate search has run: its training units take the searched rates (their keys
+        hash the rate, and the prune units' dense keys follow)."""
+        return build_plan(self.sweep, self.corpus_hash, self.vocab_size, lrs)
+
+    def expected_names(self) -> list[str]:
+        """Run names of every unit the plan runs (lr_search candidates aside), a global prune's controls with the
+        dense heads (names do not depend on the kept heads): what the report lists when one did not finish."""
+        dense = {u.key: u for u in self.dense}
+        controls = self.global_controls(lambda p: list(dense[p.dense_key].model.layer_heads))
+        return [u.name for u in self.trained + self.pruned + controls + list(self.taught)]
+
+    def to_json(self) -> dict:
+        """What a sweep records beside its parent run (`sweep/plan.json`): the report of a finished sweep reads
+        its expected units from there, never from re-planning with the code of the day."""
+        return {"corpus_hash": self.corpus_hash, "vocab_size": self.vocab_size, "expected": self.expected_names(),
+                "units": [{"name": u.name, "key": u.key, "stage": u.stage}
+                          for u in self.lr_search + self.trained + self.pruned + list(self.taught)]}
 
     @property
     def dense(self) -> list[Unit]:
@@ -350,21 +371,24 @@ class Plan:
 def build_plan(sweep: Sweep, corpus_hash: str, vocab_size: int = BYTE_VOCAB_SIZE, lrs: dict | None = None) -> Plan:
     """The plan of a scales sweep (a pretrained sweep's units: `pretrained_units`). Its training units take the
     searched rates `lrs` when given (the stages build the plan again once the search has run)."""
+    global BUILDS
+    BUILDS += 1
     search = lr_search_bases(sweep, corpus_hash, vocab_size) if sweep.lr is not None and sweep.lr.search else []
     units = train_units(sweep, corpus_hash, lrs, vocab_size)
     trained = [u for u in units if not ARMS[u.arm].teacher]
     taught = [u for u in units if ARMS[u.arm].teacher]
-    return Plan(sweep, search, trained, prune_units(sweep, [u for u in trained if u.arm == "dense"]), lrs, taught)
+    return Plan(sweep, search, trained, prune_units(sweep, [u for u in trained if u.arm == "dense"]), lrs, taught,
+                corpus_hash, vocab_size)
+
+
+BUILDS = 0  # plans built in this process: one `headroom sweep` builds one (and once more with the searched rates)
 
 
 def expected_names(sweep: Sweep) -> list[str]:
     """Run names of every unit the sweep plans (lr_search candidates aside), known from the spec alone: names do
-    not depend on the corpus hash, the learning rate or (for global-scope controls) the kept head counts. The
-    report lists the ones that did not finish."""
+    not depend on the corpus hash, the learning rate or (for global-scope controls) the kept head counts. For the
+    report of a sweep recorded before its plan was (no `sweep/plan.json`)."""
     if sweep.pretrained is not None:
         units = pretrained_units(sweep, sweep.families[0], "-", [1], "-")
         return [u.name for u in units]
-    plan = build_plan(sweep, "-")
-    dense = {u.key: u for u in plan.dense}
-    controls = plan.global_controls(lambda p: list(dense[p.dense_key].model.layer_heads))
-    return [u.name for u in plan.trained + plan.pruned + controls + list(plan.taught)]
+    return build_plan(sweep, "-").expected_names()

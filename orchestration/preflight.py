@@ -27,7 +27,7 @@ from lightning_modules.config import (
 from lightning_modules.prune_plan import PrunePlan
 
 from .packing import check_packing, unit_memory
-from .plan import Unit, build_plan, snapshot_step, unit_scoring_flops
+from .plan import Plan, Unit, snapshot_step, unit_scoring_flops
 from .resources import trial_resources
 from .spec import Sweep
 
@@ -187,14 +187,14 @@ def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: 
         arm_train_flops=int(arm_flops), memory_bytes=unit_memory(sweep, u, model, dense))
 
 
-def plan_rows(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
-    """Every unit of a scales sweep (a pretrained sweep has its checkpoint's model: nothing to plan here), its
-    model built on meta. Raises HeadroomInputError naming the first unit that cannot be built, or the first scale
-    whose trials share a GPU their planned memory does not fit (orchestration/packing.py)."""
+def plan_rows(sweep_plan: Plan) -> list[PlanRow]:
+    """Every unit of a scales sweep's plan (a pretrained sweep has its checkpoint's model: nothing to plan here),
+    its model built on meta. Raises HeadroomInputError naming the first unit that cannot be built, or the first
+    scale whose trials share a GPU their planned memory does not fit (orchestration/packing.py)."""
+    sweep = sweep_plan.sweep
     if sweep.pretrained is not None:
         return []
     searched = sweep.lr is not None and sweep.lr.search is not None
-    sweep_plan = build_plan(sweep, corpus_hash, vocab_size)
     rows: list[PlanRow] = []
     if searched:
         s = sweep.lr.search
@@ -361,7 +361,3 @@ def cluster_note(rows: list[PlanRow]) -> str:
             + f". A cluster of {widest['cpu']:g} CPUs{gpus} runs the widest stage in one wave; a smaller one "
             "queues its trials, and any cluster with at least one trial's resources finishes the sweep.")
 
-
-def check_units(sweep: Sweep, corpus_hash: str, vocab_size: int) -> list[PlanRow]:
-    """The sweep driver's check before Ray starts (same as --plan)."""
-    return plan_rows(sweep, corpus_hash, vocab_size)

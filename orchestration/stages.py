@@ -28,15 +28,10 @@ from lightning_modules.config import HeadroomInputError
 from lightning_modules.prepared import DataIdentity, data_identity, prepare
 
 from . import metrics as M
+from . import plan as plan_module
 from .devices import SIMULATE
-from .plan import (
-    Unit,
-    arch_key,
-    build_plan,
-    lr_candidate,
-    pretrained_units,
-)
-from .preflight import check_units
+from .plan import Plan, Unit, arch_key, build_plan, lr_candidate, pretrained_units
+from .preflight import plan_rows
 from .report import headline_table, write_report
 from .resources import concurrency, ddp_trials, trial_bundle, trial_resources
 from .spec import Sweep
@@ -59,6 +54,7 @@ class Sweeper:
         self.base = f"{sweep.name}-{self.hash[:8]}"
         self.missing: list[str] = []
         self.vocab_size = 0  # set by preflight(): the tokenizer's
+        self.plan: Plan | None = None  # built once, by preflight(), once the data is prepared; every stage reads it
         self.stage_seconds: dict[str, float] = {}  # wall time of each stage's Tuner runs
         self.started = time.time()
         self.simulate_gpus = simulate_gpus  # a local Ray declaring this many GPUs that do not exist (devices.py)
@@ -244,11 +240,12 @@ class Sweeper:
             ident = DataIdentity(prepared.data_hash, prepared.vocab_size)
             self.say(f"data: prepared {prepared.path} ({sum(prepared.manifest['tokens'].values())} tokens)")
         self.vocab_size = ident.vocab_size
-        rows = check_units(self.sweep, ident.data_hash, ident.vocab_size)
-        if rows:
+        if self.sweep.pretrained is None:  # every unit buildable and every GPU's trials fitting it, before Ray starts
+            self.plan = build_plan(self.sweep, ident.data_hash, ident.vocab_size)
+            rows = plan_rows(self.plan)
             self.say(f"plan: {len(rows)} unit(s) checked on the meta device (vocabulary {ident.vocab_size})")
-        if prepared is not None and self.sweep.pretrained is None:
-            plan = build_plan(self.sweep, ident.data_hash, ident.vocab_size)
+        if prepared is not None and self.plan is not None:
+            plan = self.plan
             lengths = {u.train.seq_len for u in (*plan.lr_search, *plan.trained, *plan.pruned, *plan.taught)}
             for seq_len in sorted(lengths):  # the trials read these instead of scanning the training stream
                 for split in prepared.streams:
@@ -293,6 +290,7 @@ class Sweeper:
                 print(ui_link(self.where.tracking_uri, self.tracker.experiment_id))
                 print(timing(time.time() - self.started, self.stage_seconds, runs))
             reported = self.report() if self.write_report else True
+            self.say(f"plan: built {plan_module.BUILDS} time(s) in this driver")
         except KeyboardInterrupt:
             status = "KILLED"  # `--resume` continues it
             self.tracker.kill_running_children()
@@ -319,9 +317,10 @@ class Sweeper:
         return self.tracker.tag(u.dense_key, "headroom.checkpoint") if self.tracker.is_finished(u.dense_key) else None
 
     def _run_scales(self, corpus_hash: str) -> None:
-        plan = build_plan(self.sweep, corpus_hash, self.vocab_size)
+        plan = self.plan
         if plan.lr_search:  # every architecture trained from scratch gets its own rate, then the plan takes them
-            plan = build_plan(self.sweep, corpus_hash, self.vocab_size, self.lr_search(plan.lr_search))
+            plan = self.plan = plan.with_rates(self.lr_search(plan.lr_search))
+        self.tracker.log_plan(plan.to_json())
         self.train("train", plan.trained)
         self.tracker.link_dense(plan.dense_links())
         pruned = self.prune(plan.pruned, self._dense_uri)

@@ -30,6 +30,7 @@ from .artifacts import RUN_ARTIFACTS
 from .devices import GPU_PARAM
 from .ddp import CHECKPOINT_KEY, checkpoint_uri
 from .plan import DONE, EVAL_PARAMS, HISTORY, KEPT, RESUMED, TRAIN_PRECISION, WORK, Unit
+from .unit import PLAN_FILE
 from .runstore import mlflow_client, search_runs
 
 PACKAGES = ("headroom", "torch", "transformers", "pytorch-lightning", "ray", "mlflow", "optuna", "datasets")
@@ -163,6 +164,10 @@ class Tracker:
         self.children = {r.data.tags["headroom.key"]: r for r in self._search(
             f"tags.`mlflow.parentRunId` = '{self.parent_id}'") if "headroom.key" in r.data.tags}
         return self.parent_id
+
+    def log_plan(self, plan: dict) -> None:
+        """The plan the sweep ran (`sweep/plan.json` on the parent run; a resume with the same plan rewrites it)."""
+        self.client.log_text(self.parent_id, json.dumps(plan, indent=1), PLAN_FILE)
 
     def describe_experiment(self, note: str) -> None:
         """The experiment's kind tag and description (what the sweep tests), for a new or an existing one."""

@@ -34,6 +34,7 @@ WORK = "work_s"  # seconds of the unit's own work in this attempt (framework imp
 RESUMED = "resumed_at_step"  # the step a train trial started from (0: from scratch)
 LIGHTNING_FILE = "checkpoint"  # the Lightning checkpoint's file name inside a Tune checkpoint
 SCORES_FILE = "scores.json"  # a prune unit's head scores {"method", "scores", "kept", "heads_dense"}: the heatmaps
+PLAN_FILE = "sweep/plan.json"  # on a sweep's parent run: the plan it ran (Plan.to_json), what its report expects
 WINDOWS_FILE = "eval_windows.json"  # per-window losses of a unit's evaluations (an artifact the report reads)
 EVAL_PARAMS = ("eval_device", "eval_precision")  # every run's evaluation: where and at which precision (MLflow params)
 TRAIN_PRECISION = "train_precision"  # MLflow param: the precision a run trained (or fine-tuned) at, resolved

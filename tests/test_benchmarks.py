@@ -238,7 +238,7 @@ def test_plan_memory_measures_real_training_steps_against_the_plan(tmp_path):
     ratios are its own measurements over the estimates recomputed here, and nothing ever needed more than the plan
     gives it (an undercount would overpack GPUs). Memory, unlike time, does not flake with the machine's load."""
     from lightning_modules.config import model_config_for
-    from lightning_modules.memory import scoring_memory, train_memory
+    from lightning_modules.memory import train_memory
     from lightning_modules.methods import get_method
 
     res = _run("plan_memory.py", tmp_path / "m.json", "--tiny")
@@ -251,7 +251,7 @@ def test_plan_memory_measures_real_training_steps_against_the_plan(tmp_path):
         mc = model_config_for(scale, family=family, vocab_size=int(vocab))
         if "score" in extra:
             kinds.add(extra["score"])
-            want = {"scoring": scoring_memory(get_method(extra["score"]).memory, mc, int(batch), int(seq), rows=256)}
+            want = {"scoring": get_method(extra["score"]).memory(mc, int(batch), int(seq), True)}
         else:
             kinds.add("kd" if "kd" in extra else precision)
             est = train_memory(mc, int(batch), int(seq), precision, teacher=model_config_for(
@@ -265,10 +265,16 @@ def test_plan_memory_measures_real_training_steps_against_the_plan(tmp_path):
     assert res["meets_goal"] == all(lo <= x <= hi for r in res["rows"] for x in r["ratios"].values())
 
 
-def test_data_scale_writes_json(tmp_path):
+def test_data_scale_writes_json_through_headroom_bench(tmp_path):
     """Two corpora at least 4x apart; the driver prepared each once (tokens per split), every trial setup opened
-    the prepared data in interleaved rounds, and the ratios are the medians of the rounds' own ratios."""
-    res = _run("data_scale.py", tmp_path / "data_scale.json", "--tiny", "--workdir", str(tmp_path / "work"))
+    the prepared data in interleaved rounds, and the ratios are the medians of the rounds' own ratios. Run as
+    every benchmark is, by `headroom bench`, which prints both medians."""
+    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "bench", "data_scale", "--tiny", "--out-dir",
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "data_scale.json").read_text())
+    assert f"data_scale: median time_ratio {res['median_time_ratio']:.3g}" in r.stdout
+    assert f"data_scale: median rss_ratio {res['median_rss_ratio']:.3g}" in r.stdout
     assert res["benchmark"] == "data_scale" and res["goal"] == 1.2
     assert res["corpus_ratio"] >= 4 and res["corpus_ratio"] == pytest.approx(
         res["corpora"]["large"]["characters"] / res["corpora"]["small"]["characters"])

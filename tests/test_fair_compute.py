@@ -112,10 +112,11 @@ def test_global_scratch_b_is_charged_its_own_prunes_scoring_rounds(schedule, rou
 def test_plan_rows_charge_the_pruned_arm_its_scoring():
     """--plan: the pruned row's arm_train_flops = dense training + scoring + fine-tune, by hand; Scratch-B's
     train_flops is within one of its steps of the gradient prune's."""
+    from orchestration.plan import build_plan
     from orchestration.preflight import plan_rows
 
     sweep = _sweep("[gradient, random]", "per_layer")
-    rows = plan_rows(sweep, "-", 260)
+    rows = plan_rows(build_plan(sweep, "-", 260))
     d8, d4 = model_config_for("xs"), model_config_for("xs", n_heads=4)
     bt = 4 * 32
     f8, f4 = flops_per_token(d8, 32).total, flops_per_token(d4, 32).total

@@ -13,7 +13,14 @@ from conftest import ROOT
 
 from lightning_modules.config import ModelConfig, model_config_for
 from lightning_modules.costs import param_counts
-from lightning_modules.memory import activation_bytes, scoring_memory, train_memory
+from lightning_modules.memory import (
+    activation_bytes,
+    attention_memory,
+    backward_memory,
+    forward_bytes,
+    train_memory,
+    weights_memory,
+)
 from lightning_modules.models import build_model, token_losses
 
 
@@ -105,22 +112,33 @@ def test_plan_json_memory_grows_with_the_model_and_the_batch(capsys, tmp_path):
 
 def test_a_sweep_that_overpacks_a_gpu_is_refused_before_anything_starts(capsys, tmp_path):
     """scales.yaml's s trials (4 to a GPU; the largest, an ablation prune, plans at 7.3 GB + 0.5 GB of CUDA context)
-    on 30 GB GPUs: one line naming the stage and trials, exit 2, from --plan and from the sweep itself (which would
-    otherwise start Ray and prepare TinyStories first). At gpu 0.4 two share a GPU (not three: floor(1/0.4)) and
+    on 30 GB GPUs: one line naming the stage and trials, exit 2, from --plan and from the sweep itself (before Ray
+    starts). At gpu 0.4 two share a GPU (not three: floor(1/0.4)) and
     fit 16 GB."""
     def over(spec):
         spec["scales"] = {"s": spec["scales"]["s"]}
         spec["resources"]["gpu_memory_gb"] = 30
 
     f = _sweep_file(tmp_path, "over.yaml", over)
-    for r in (_plan(capsys, f), subprocess.run(
-            [sys.executable, "-m", "orchestration.cli", "sweep", f, "--storage", str(tmp_path / "results")],
-            cwd=ROOT, capture_output=True, text=True, timeout=300)):
-        rc, err = (r[0], r[2]) if isinstance(r, tuple) else (r.returncode, r.stderr)
-        assert rc == 2
-        (line,) = err.strip().splitlines()
-        assert line.startswith("headroom: error: prune: 4 × s-decoder-pruned-ablation-r0.25-s0 (7.3 GB, gpu 0.25) "
-                               "can share one GPU and need 31.3 GB") and "give scale s gpu: 0.333" in line, line
+    rc, _, err = _plan(capsys, f)
+    assert rc == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith("headroom: error: prune: 4 × s-decoder-pruned-ablation-r0.25-s0 (7.3 GB, gpu 0.25) "
+                           "can share one GPU and need 31.3 GB") and "give scale s gpu: 0.333" in line, line
+    # the sweep itself plans once its data is prepared (here the embedded default, TinyStories being offline: bytes,
+    # 1.1 GB per trial, on 4 GB GPUs), and refuses with the line --plan gives for the same file, before Ray starts or
+    # its storage is created
+    def local_data(spec):
+        over(spec)
+        spec["data"], spec["resources"]["gpu_memory_gb"] = {"source": "stdlib"}, 4
+
+    local = _sweep_file(tmp_path, "local.yaml", local_data)
+    rc, _, want = _plan(capsys, local)
+    assert rc == 2
+    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "sweep", local, "--storage",
+                        str(tmp_path / "results")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert rc == r.returncode == 2 and "can share one GPU" in want
+    assert [x for x in r.stderr.strip().splitlines() if x.startswith("headroom: error")] == want.strip().splitlines()
     assert not (tmp_path / "results").exists()
 
     def two(spec):
@@ -167,10 +185,11 @@ def test_each_unit_kind_is_planned_with_its_own_batch_precision_model_and_scorin
     (a data-parallel worker at its share), precision auto as bf16-mixed on a GPU, a distilled control with its
     teacher, a prune unit as the larger of its method's scoring of the dense model and the recovery fine-tune of the
     pruned one beside the dense weights (the teacher when it distils), ablation at a GPU's 256 rows per pass."""
+    from orchestration.plan import build_plan
     from orchestration.preflight import plan_rows
     from orchestration.spec import Sweep
 
-    rows = {r.name: r.memory_bytes for r in plan_rows(Sweep(**yaml.safe_load(KINDS)), "plan", 8192)}
+    rows = {r.name: r.memory_bytes for r in plan_rows(build_plan(Sweep(**yaml.safe_load(KINDS)), "plan", 8192))}
     v = 8192
     dense_s, half_s = model_config_for("s", vocab_size=v), model_config_for("s", n_heads=4, vocab_size=v)
     dense_xl = model_config_for("xl", vocab_size=v)
@@ -183,9 +202,10 @@ def test_each_unit_kind_is_planned_with_its_own_batch_precision_model_and_scorin
     assert rows["s-decoder-scratch_kd-r0.5-kd-s0"] == train_memory(half_s, 32, 256, bf, teacher=dense_s).peak
     fine_tune = train_memory(half_s, 32, 256, bf).peak + weights_s
     distilled = train_memory(half_s, 32, 256, bf, teacher=dense_s).peak
-    for method, kind, rows_per_pass in (("gradient", "backward", 1), ("ablation", "rows", 256),
-                                        ("entropy", "attention", 1), ("magnitude", "weights", 1)):
-        scoring = scoring_memory(kind, dense_s, 32, 256, rows=rows_per_pass)
+    # by hand for ablation: 256 rows a pass on a GPU (8 masks of 32 sequences), each a forward at fp32
+    ablation = weights_s + forward_bytes(dense_s, 256 * 256)
+    for method, scoring in (("gradient", backward_memory(dense_s, 32, 256)), ("ablation", ablation),
+                            ("entropy", attention_memory(dense_s, 32, 256)), ("magnitude", weights_memory(dense_s, 32, 256))):
         assert rows[f"s-decoder-pruned-{method}-r0.5-s0"] == max(scoring, fine_tune), method
         assert rows[f"s-decoder-pruned-{method}-r0.5-kd-s0"] == max(scoring, distilled), method
     # ablation's 256 rows (8 masks of 32 sequences a pass) outgrow its fine-tune; magnitude holds only weights

@@ -29,9 +29,15 @@ def score_last_first(model, batches, loss_fn, mask=None, **_):
     return _finish(torch.arange(H, dtype=torch.float64).repeat(L, 1), valid)
 
 
+def gigabytes_per_gpu(cfg, batch_size, seq_len, gpu):
+    """A memory behaviour of its own, declared here alone: 7 GB on a GPU, one batch's tokens in kilobytes on a CPU."""
+    return 7 * 2**30 if gpu else 1024 * batch_size * seq_len
+
+
 @pytest.fixture
 def declared():
-    register_method(Method("last_first", score_last_first, lambda n, bt, calib, o: HALF, needs_calibration=False))
+    register_method(Method("last_first", score_last_first, lambda n, bt, calib, o: HALF, needs_calibration=False,
+                           memory=gigabytes_per_gpu))
     register_arm(Arm("scratch_h", "Scratch-H", "Scratch-H control: the pruned architecture ({heads}) trained for "
                      "half the dense run's steps, {steps} ({what}).", control=True, architecture=pruned_shape,
                      steps=lambda b: b.dense_steps // 2, for_global=True))
@@ -77,6 +83,15 @@ def test_a_declared_method_and_control_are_planned(declared, tmp_path, capsys):
                     for m in ("last_first", "random"))
         calib_tokens = 2 * dense["tokens"] // dense["steps"]  # calibration_batches × batch × seq_len
         assert new["est_flops"] - rnd["est_flops"] == int(HALF * calib_tokens * dense["flops_per_token"])
+    # its memory is its declaration's, on a CPU and on a GPU (where 7 GB is the trial's peak), with no edit elsewhere
+    fine_tune = max(r["memory_bytes"] for r in rows if r["stage"] == "prune" and r["method"] == "random")
+    on_cpu = [r["memory_bytes"] for r in rows if r["stage"] == "prune" and r["method"] == "last_first"]
+    assert on_cpu and all(m == max(fine_tune, 1024 * dense["tokens"] // dense["steps"]) for m in on_cpu)
+    f.write_text(SWEEP + "resources: {cpu: 1, gpu: 0.25, gpu_memory_gb: 80}\n")
+    assert main(["sweep", str(f), "--plan", "--json"]) == 0
+    on_gpu = [r["memory_bytes"] for r in json.loads(capsys.readouterr().out)
+              if r["stage"] == "prune" and r["method"] == "last_first"]
+    assert on_gpu and set(on_gpu) == {7 * 2**30}
 
 
 def test_a_declared_method_scores_with_its_own_scorer(declared):

@@ -54,7 +54,7 @@ def steps_of(c, run, metric="train/loss"):
 # ------------------------------------------------------------------------------------------- smoke sweep
 
 
-def test_smoke_sweep_one_parent_and_every_unit_a_child_with_the_contract(smoke):
+def test_smoke_sweep_one_parent_and_every_unit_a_child_with_the_contract(smoke, tmp_path):
     c = client(smoke["cwd"])
     parents, children = split(runs_of(c, "smoke"))
     assert len(parents) == 1
@@ -64,7 +64,12 @@ def test_smoke_sweep_one_parent_and_every_unit_a_child_with_the_contract(smoke):
     assert re.fullmatch(r"[0-9a-f]{40}|unknown", ptags["headroom.git_commit"])
     assert {"version/torch", "version/ray", "version/mlflow", "version/transformers"} <= set(parent.data.params)
     arts = {a.path for a in c.list_artifacts(parent.info.run_id, "sweep")}
-    assert arts == {"sweep/smoke.yaml", "sweep/resolved.json"}
+    assert arts == {"sweep/smoke.yaml", "sweep/resolved.json", "sweep/plan.json"}
+    # the plan the sweep ran, recorded: what its report expects (every trained and pruned unit's name), never
+    # re-planned from the spec with the code of the day
+    plan = json.loads(Path(c.download_artifacts(parent.info.run_id, "sweep/plan.json", str(tmp_path))).read_text())
+    finished = {r.info.run_name for r in children if r.data.tags["headroom.stage"] != "lr_search"}
+    assert sorted(plan["expected"]) == sorted(finished) and len(plan["expected"]) == 21
     # 2 architectures (8 and 4 heads) × 2 lr candidates; 2 budgets × 2 seeds × (dense, scratch_e, scratch_b) and
     # one half-budget dense run (T20, seed 0: the converged check); × 2 methods pruned
     by_stage = {}
@@ -185,6 +190,8 @@ def test_smoke_sweep_prints_progress_and_summary(smoke):
     assert "mean final loss" in out and "pruned:gradient" in out and "scratch_b" in out
     assert "verdict of sweep smoke" in out
     assert re.search(r"plan: 23 unit\(s\) checked on the meta device", out)  # 2 searches, 13 trained, 8 pruned
+    # planned once (every stage, the checks and the report read that plan), then once more to take the searched rates
+    assert "[headroom] plan: built 2 time(s) in this driver" in out
     assert re.search(r"wall time \d+ s: lr_search \d+ s, train \d+ s, prune \d+ s", out)
     # medians over trials, recomputed here from the runs' own timings in MLflow (lr candidates ASHA stopped early
     # report none)

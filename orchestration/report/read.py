@@ -20,7 +20,7 @@ from ..axes import grouped, read_tags
 from ..plan import expected_names
 from ..runstore import mlflow_client, search_runs
 from ..spec import Sweep
-from ..unit import SCORES_FILE, WINDOWS_FILE, Cell, read_group, stands_for
+from ..unit import PLAN_FILE, SCORES_FILE, WINDOWS_FILE, Cell, read_group, stands_for
 
 
 INF_STORED = 1.7976931348623157e308  # sys.float_info.max: how MLflow's stores write ±inf
@@ -123,8 +123,12 @@ def load_sweep_runs(uri: str, sweep_name: str) -> SweepRuns:
                 dict(r.data.params)) for r in children]
     done = [r for r in runs if r.status == "FINISHED" and r.tags.get("headroom.stage") != "lr_search"]
     names = {r.name for r in done}
-    if spec is not None:
-        missing = [n for n in expected_names(spec) if n not in names]
+    try:  # the plan the sweep ran; a sweep recorded before plans were: planned again from its spec
+        expected = _download_json(uri, parent.info.run_id, PLAN_FILE)["expected"]
+    except Exception:  # noqa: BLE001 - no plan artifact
+        expected = expected_names(spec) if spec is not None else None
+    if expected is not None:
+        missing = [n for n in expected if n not in names]
     else:
         missing = sorted(r.name for r in runs if r.status != "FINISHED" and r.tags.get("headroom.stage") != "lr_search")
     out = SweepRuns(uri, sweep_name, parent.data.tags.get("headroom.spec_hash", ""), parent.info.run_id, spec, done,
