@@ -13,7 +13,7 @@ side in one run and written to JSON. Goal: every scale at ≥ 50% of the peak of
   per round (a round's tokens/s over the peak), so its interval is that of the median.
 - `bf16_speedup`: bf16-mixed ÷ fp32 tokens/s of the Lightning step per round. `final_train_loss` of each side (the
   same data and initialisation) is there to see that each side trained, not to judge precision: that is the bf16
-  smoke comparison's job (README).
+  smoke comparison's job (docs/benchmarks.md).
 """
 
 from __future__ import annotations

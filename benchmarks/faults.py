@@ -43,7 +43,7 @@ from orchestration.runstore import mlflow_client  # noqa: E402
 
 KINDS = ("worker", "driver", "mlflow", "postgres", "s3")
 # CI: three kinds. A driver kill and resume costs a minute (test_resume.py has one), an MLflow restart about 50 s
-# of stalled progress (the full campaign has them, README gives its numbers)
+# of stalled progress (the full campaign has them, docs/benchmarks.md gives its numbers)
 TINY = ("worker", "postgres", "s3")
 PROGRESS = re.compile(r"^\[headroom\]\s+\d+/\d+ ", re.MULTILINE)  # the driver's line per finished trial
 STEPPED = ("train/loss", "train/lr", "val/loss", "val/ppl")

@@ -22,6 +22,7 @@ BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
     "faults": ["--tiny"],  # needs PostgreSQL 15's server binaries and kubectl (benchmarks/stack.py)
     "cpu_speed": ["--tiny"],  # each CPU scale's training step against the matmul peak, fp32 and bf16-mixed
     "ladder": ["--tiny"],  # dense runs at doubling budgets (full size: hours; docs/measured/ladder.json)
+    "data_scale": ["--tiny"],  # the driver's preparation and a trial's data setup on two corpora 4× apart
     "train_kernels": ["--steps", "6", "--warmup", "2", "--repeats", "1", "--batch-size", "4", "--seq-len", "32",
                 "--compile-backend", "aot_eager"],
 }
@@ -64,7 +65,9 @@ def _bench_lines(name: str, res: dict) -> list[str]:
     prune_speed, a choice of train_kernels)."""
     key = next((k for k in ("median_ratio", "median_speedup", "median_recovery_s") if k in res), None)
     if key is None:
-        return [f"{name}: see JSON"]
+        pairs = [(k.removeprefix("median_"), k) for k in res if k.startswith("median_") and k.endswith("_ratio")]
+        return [f"{name}: median {what} {_spread_text(res[k], res.get(what.removesuffix('_ratio') + '_spread'))}"
+                for what, k in pairs] or [f"{name}: see JSON"]
     what = key.removeprefix("median_")
     value, spread = res[key], res.get("spread")
     if isinstance(value, dict):
