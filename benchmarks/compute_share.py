@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 from measure import at_least, summarize
 from sweep_runs import run_and_read
 
-from orchestration.spec import TrainOverrides, load_sweep
-from orchestration.summary import compute_share, has_timing
+from orchestration.design.schema import TrainOverrides
+from orchestration.design.spec import load_sweep
+from orchestration.running.summary import compute_share, has_timing
 
 GOAL = 0.6
 

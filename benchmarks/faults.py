@@ -39,7 +39,7 @@ from pathlib import Path
 from measure import summarize  # noqa: E402
 from stack import ROOT, Stack, missing  # noqa: E402
 
-from orchestration.runstore import mlflow_client  # noqa: E402
+from orchestration.running.runstore import mlflow_client  # noqa: E402
 
 KINDS = ("worker", "driver", "mlflow", "postgres", "s3")
 # CI: three kinds. A driver kill and resume costs a minute (test_resume.py has one), an MLflow restart about 50 s
@@ -217,7 +217,7 @@ class Campaign:
 
     # ------------------------------------------------------------------------------------------- the run
     def run(self, timeout: float = 3600) -> dict:
-        from orchestration.spec import load_sweep
+        from orchestration.design.spec import load_sweep
 
         self.sweep_name = load_sweep(self.sweep_file)[0].name
         plan = planned(self.sweep_file)

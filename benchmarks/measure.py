@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from scipy import stats
 
-from orchestration.summary import quartiles
+from orchestration.running.summary import quartiles
 
 LEVEL = 0.95  # the confidence the interval aims at
 MIN_SAMPLES = 5  # fewer and a goal is never decided: the interval could not be trusted to cover the median

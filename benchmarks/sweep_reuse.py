@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 from measure import at_most, summarize
 from sweep_runs import run_and_read
 
-from orchestration.plan import Unit, prune_units, train_units
-from orchestration.spec import load_sweep
+from orchestration.design.plan import prune_units, train_units
+from orchestration.design.spec import load_sweep
+from orchestration.design.unit import Unit
 
 
 def naive_trial(config):
@@ -41,9 +42,9 @@ def naive_trial(config):
 
     from lightning_modules.pruning import run_prune
     from lightning_modules.train import set_threads, train_lm
-    from orchestration.callbacks import ReportAtValidation, StepHistory
-    from orchestration.ddp import Session
-    from orchestration.frameworks import quiet_frameworks
+    from orchestration.running.callbacks import ReportAtValidation, StepHistory
+    from orchestration.running.ddp import Session
+    from orchestration.running.frameworks import quiet_frameworks
 
     quiet_frameworks()
     set_threads()

@@ -13,7 +13,7 @@ def run_and_read(sweep, sweep_file: str, sweep_text: str, report: bool = True) -
     the verdict report too (part of the wall time)."""
     from mlflow.tracking import MlflowClient
 
-    from orchestration.stages import run_sweep
+    from orchestration.running.stages import run_sweep
 
     t0 = time.time()
     rc = run_sweep(sweep, sweep_file, sweep_text, progress=False, write_report=report)

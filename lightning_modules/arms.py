@@ -3,7 +3,7 @@ from scratch), its display name, how a control's architecture and training steps
 the prune, whether a `global` prune gets its own copy of it, and the sentence that describes its run.
 
 A new control is one `register_arm(Arm(...))` plus, where its shape or budget is new, the two small functions it
-names: the plan (`orchestration.plan`), `--plan`, the sweep spec's `controls`, the report's tables, verdicts and
+names: the plan (`orchestration.design.plan`), `--plan`, the sweep spec's `controls`, the report's tables, verdicts and
 plots all iterate `ARMS`. Torch-free.
 """
 

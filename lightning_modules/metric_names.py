@@ -1,5 +1,5 @@
 """The names of the metrics training itself logs (Lightning's `self.log`, the probes callback), declared once at
-the floor that writes them; orchestration/metrics.py re-exports them beside every other run metric, and the
+the floor that writes them; orchestration/running/metrics.py re-exports them beside every other run metric, and the
 stages, trials and report read them from there. Torch-free."""
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def test_compute_share_of_the_smoke_sweep(tmp_path, smoke):
     """The smoke sweep's trials (run once for the suite) report where their seconds went; the share is recomputed
     here from the per-stage numbers the JSON also holds, and `headroom bench`'s lines print it against its goal.
     (`--tiny` runs a sweep of its own: the same code, not run twice in CI.)"""
-    from orchestration.bench import _bench_lines
+    from orchestration.cli.bench import _bench_lines
 
     out = tmp_path / "compute_share.json"
     r = subprocess.run([sys.executable, "benchmarks/compute_share.py", "--store",

@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from orchestration.design.unit import Cell
 from orchestration.report import Run, SweepRuns, build
 from orchestration.report.diagnostics import (
     COULD_NOT_RUN,
@@ -22,7 +23,6 @@ from orchestration.report.diagnostics import (
     doubling_gain,
     informative_beats_random,
 )
-from orchestration.unit import Cell
 
 SEEDS = (0, 1, 2)
 

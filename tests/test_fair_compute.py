@@ -59,7 +59,7 @@ def test_recovery_fine_tune_continues_the_dense_order_at_step_t_plus_1(source, c
 
 
 def _sweep(methods: str, scope: str, schedule: str = "one_shot", extra: str = ""):
-    from orchestration.spec import parse_sweep
+    from orchestration.design.spec import parse_sweep
 
     return parse_sweep(textwrap.dedent(f"""\
         name: charge
@@ -85,7 +85,7 @@ def test_per_layer_scratch_b_is_charged_the_primary_methods_scoring(methods, pas
     """Per-layer controls stand for every method: charged gradient's scoring (a forward and a gate-only backward, 2
     forward passes, per calibration token; counted below) when the sweep prunes with it, else its first method's (ablation: one reference pass and
     one pass per head of all 16)."""
-    from orchestration.plan import train_units
+    from orchestration.design.plan import train_units
 
     sweep = _sweep(methods, "per_layer")
     units = train_units(sweep, "-")
@@ -99,7 +99,7 @@ def test_per_layer_scratch_b_is_charged_the_primary_methods_scoring(methods, pas
 def test_global_scratch_b_is_charged_its_own_prunes_scoring_rounds(schedule, rounds):
     """A global prune's controls copy that prune: its method (gradient) and its rounds (iterative at step 0.25 to
     ratio 0.5: scored twice)."""
-    from orchestration.plan import global_control_units, prune_units, train_units
+    from orchestration.design.plan import global_control_units, prune_units, train_units
 
     sweep = _sweep("[gradient]", "global", schedule)
     dense = next(u for u in train_units(sweep, "-") if u.arm == "dense")
@@ -112,8 +112,8 @@ def test_global_scratch_b_is_charged_its_own_prunes_scoring_rounds(schedule, rou
 def test_plan_rows_charge_the_pruned_arm_its_scoring():
     """--plan: the pruned row's arm_train_flops = dense training + scoring + fine-tune, by hand; Scratch-B's
     train_flops is within one of its steps of the gradient prune's."""
-    from orchestration.plan import build_plan
-    from orchestration.preflight import plan_rows
+    from orchestration.design.plan import build_plan
+    from orchestration.design.preflight import plan_rows
 
     sweep = _sweep("[gradient, random]", "per_layer")
     rows = plan_rows(build_plan(sweep, "-", 260))

@@ -1,4 +1,4 @@
-"""The GPU path on a machine without a GPU (orchestration/devices.py): a trial that holds a GPU torch cannot use
+"""The GPU path on a machine without a GPU (orchestration/running/devices.py): a trial that holds a GPU torch cannot use
 stops with one line, and on a simulated cluster (a local Ray that declares GPUs) fractional-GPU trials are packed
 as Ray packs them on a GPU node — each records the GPU it was given — while training on the CPU."""
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 _CLAIM = """
 import json, os, ray
-from orchestration.devices import GPUUnusable, claim_gpu
+from orchestration.running.devices import GPUUnusable, claim_gpu
 ray.init(num_cpus=1, num_gpus=1, include_dashboard=False, logging_level="ERROR")
 
 @ray.remote(num_gpus=1)

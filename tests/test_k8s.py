@@ -155,7 +155,7 @@ def _mlflow_service():
 
 
 def test_jobs_run_a_valid_sweep_against_the_mlflow_service():
-    from orchestration.spec import load_sweep
+    from orchestration.design.spec import load_sweep
 
     svc, dep = _mlflow_service()
     ns = svc["metadata"]["namespace"]
@@ -199,7 +199,7 @@ def test_scales_job_reads_the_staged_volume():
         assert pvc["metadata"]["name"] in claims
         env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
         assert env["HF_HOME"] == home and env["HF_HUB_OFFLINE"] == "1" and env["HF_DATASETS_OFFLINE"] == "1"
-    from orchestration.spec import load_sweep
+    from orchestration.design.spec import load_sweep
 
     sweep, _ = load_sweep(ROOT / "sweeps" / "scales.yaml")
     dataset = sweep.data.source.split(":", 1)[1]

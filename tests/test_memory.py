@@ -185,9 +185,9 @@ def test_each_unit_kind_is_planned_with_its_own_batch_precision_model_and_scorin
     (a data-parallel worker at its share), precision auto as bf16-mixed on a GPU, a distilled control with its
     teacher, a prune unit as the larger of its method's scoring of the dense model and the recovery fine-tune of the
     pruned one beside the dense weights (the teacher when it distils), ablation at a GPU's 256 rows per pass."""
-    from orchestration.plan import build_plan
-    from orchestration.preflight import plan_rows
-    from orchestration.spec import Sweep
+    from orchestration.design.plan import build_plan
+    from orchestration.design.preflight import plan_rows
+    from orchestration.design.schema import Sweep
 
     rows = {r.name: r.memory_bytes for r in plan_rows(build_plan(Sweep(**yaml.safe_load(KINDS)), "plan", 8192))}
     v = 8192

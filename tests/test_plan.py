@@ -19,8 +19,9 @@ from test_spec import GOOD
 def test_plan_keys_tags_and_budgets():
     from lightning_modules.config import model_config_for
     from lightning_modules.costs import flops_per_token, scratch_b_steps
-    from orchestration.plan import TAG_FIELDS, Unit, prune_units, train_units
-    from orchestration.spec import parse_sweep
+    from orchestration.design.plan import prune_units, train_units
+    from orchestration.design.spec import parse_sweep
+    from orchestration.design.unit import TAG_FIELDS, Unit
 
     sweep = parse_sweep(GOOD.replace("[scratch_e]", "[scratch_e, scratch_b, wide]") +
                         "lr: 0.004\n".replace("lr", "lr"))
@@ -70,9 +71,9 @@ def test_a_new_unit_field_round_trips_and_enters_the_key_only_when_set():
     that sets it gets another key. The fields are declared here, in the test alone."""
     from dataclasses import dataclass, fields, replace
 
-    from orchestration.plan import Unit, build_plan
-    from orchestration.spec import parse_sweep
-    from orchestration.unit import PruneRun
+    from orchestration.design.plan import build_plan
+    from orchestration.design.spec import parse_sweep
+    from orchestration.design.unit import PruneRun, Unit
 
     plan = build_plan(parse_sweep(GOOD), "corpus-a")
     trained, pruned = plan.trained[0], plan.pruned[0]
@@ -132,9 +133,9 @@ def test_scratch_b_compute_equals_the_pruned_arm_with_the_trained_vocabulary(tmp
     FLOPs are counted from the modules of models built with the vocabulary the tokenizer really has (the sweep
     driver's `data_identity`), not from the config formula that plans them."""
     from lightning_modules.prepared import data_identity
-    from orchestration.plan import global_control_units, prune_units, train_units
-    from orchestration.preflight import build_on_meta, spread_heads
-    from orchestration.spec import parse_sweep
+    from orchestration.design.plan import global_control_units, prune_units, train_units
+    from orchestration.design.preflight import build_on_meta, spread_heads
+    from orchestration.design.spec import parse_sweep
 
     text = _bpe_sweep(tmp_path, family, scope)
     if tokenizer == "byte":
@@ -174,15 +175,15 @@ def test_lr_search_covers_every_architecture_trained_from_scratch():
     """With `lr.search`, dense, each Scratch-E/B shape and each wide shape is searched with the same trials and
     steps, and every arm trains at its own architecture's rate (global-scope controls: the uniform shape of their
     ratio)."""
-    from orchestration.plan import (
-        arch_key,
+    from orchestration.design.plan import (
         global_control_units,
         lr_search_bases,
         prune_units,
         scratch_architectures,
         train_units,
     )
-    from orchestration.spec import parse_sweep
+    from orchestration.design.spec import parse_sweep
+    from orchestration.design.unit import arch_key
 
     sweep = parse_sweep(GOOD.replace("[scratch_e]", "[scratch_e, scratch_b, wide]")
                         .replace("ratios: [0.5]", "ratios: [0.25, 0.5], scope: [per_layer, global]")
@@ -235,7 +236,7 @@ def test_every_shipped_sweep_plans_cleanly_and_wide_is_built_at_every_ratio(tmp_
         with contextlib.redirect_stdout(out):
             assert main(["sweep", str(ROOT / "sweeps" / f"{name}.yaml"), "--plan", "--json"]) == 0, name
         rows = json.loads(out.getvalue())
-        from orchestration.preflight import PLAN_FIELDS
+        from orchestration.design.preflight import PLAN_FIELDS
 
         assert rows and all(set(PLAN_FIELDS) <= set(x) for x in rows), name
         if name == "scales":
@@ -261,7 +262,7 @@ def test_every_shipped_sweep_plans_cleanly_and_wide_is_built_at_every_ratio(tmp_
             assert by[("l", "train")] == {"cpu": 4.0, "gpu": 1.0, "workers": 1}
             assert by[("xl", "train")] == by[("xl", "controls")] == {"cpu": 4.0, "gpu": 1.0, "workers": 4}
             assert by[("xl", "prune")] == {"cpu": 4.0, "gpu": 1.0, "workers": 1}
-            from orchestration.preflight import PlanRow, format_table
+            from orchestration.design.preflight import PlanRow, format_table
 
             text = format_table([PlanRow(**x) for x in rows], "8192")
             # train stage at once: 30 trials each of s (0.25 GPU), m (0.5), l (1) and xl (4 workers × 1 GPU)
@@ -283,8 +284,8 @@ def test_every_shipped_sweep_plans_cleanly_and_wide_is_built_at_every_ratio(tmp_
 def test_budgets_and_prune_timings_plan_their_own_units_with_their_own_keys():
     """Each budget is its own dense run with its own controls and prunes; each prune timing its own prune unit
     from that dense run, whose kept checkpoints are part of its key. Sweeps without the new fields keep their keys."""
-    from orchestration.plan import expected_names, prune_units, snapshot_step, train_units
-    from orchestration.spec import parse_sweep
+    from orchestration.design.plan import expected_names, prune_units, snapshot_step, train_units
+    from orchestration.design.spec import parse_sweep
 
     plain = parse_sweep(GOOD)
     both = parse_sweep(GOOD.replace("steps: 20,", "steps: [10, 20],").replace(
@@ -335,8 +336,8 @@ def test_unit_keys_are_those_earlier_versions_wrote():
     """A key is how `--resume` and a rerun find a unit's MLflow run: the keys below were written by the code before
     units carried typed configs and before budgets and prune timings existed; a sweep that uses neither must keep
     them."""
-    from orchestration.plan import prune_units, train_units
-    from orchestration.spec import load_sweep
+    from orchestration.design.plan import prune_units, train_units
+    from orchestration.design.spec import load_sweep
 
     sweep, _ = load_sweep(ROOT / "sweeps" / "quickstart.yaml")
     trained = train_units(sweep, "hashX")
@@ -374,8 +375,8 @@ def test_scratch_b_counts_every_candidate_fine_tune():
     them, so Scratch-B's budget holds T × dense + |grid| × F × pruned FLOPs (one F when the rate is fixed)."""
     from lightning_modules.config import model_config_for
     from lightning_modules.costs import train_flops_per_token
-    from orchestration.plan import recovery_steps, train_units
-    from orchestration.spec import parse_sweep
+    from orchestration.design.plan import recovery_steps, train_units
+    from orchestration.design.spec import parse_sweep
 
     for extra, candidates in (("", 3), (", finetune_lr: 1.0e-3", 1)):
         sweep = parse_sweep(GOOD.replace("methods: [gradient, random]",

@@ -34,7 +34,7 @@ def test_the_plan_lists_every_recovery_with_matched_compute(tmp_path):
     Scratch-B and scratch_kd spend the same to within one of their steps."""
     from lightning_modules.config import model_config_for
     from lightning_modules.costs import flops_per_token
-    from orchestration.spec import parse_sweep
+    from orchestration.design.spec import parse_sweep
 
     sweep = parse_sweep(RECOVERY)
     rows = _plan_json(tmp_path, RECOVERY)
@@ -67,8 +67,8 @@ def test_the_plan_lists_every_recovery_with_matched_compute(tmp_path):
 
 
 def test_units_name_their_recovery_and_single_recovery_sweeps_keep_their_keys():
-    from orchestration.plan import build_plan
-    from orchestration.spec import parse_sweep
+    from orchestration.design.plan import build_plan
+    from orchestration.design.spec import parse_sweep
 
     plan = build_plan(parse_sweep(RECOVERY), "-")
     names = [u.name for u in plan.trained + plan.pruned + list(plan.taught)]
@@ -132,8 +132,8 @@ def swept(tmp_path_factory, cache_dir):
 
 
 def test_a_recovery_sweep_runs_every_recovery_and_its_matched_controls(swept):
-    from orchestration.plan import build_plan
-    from orchestration.spec import parse_sweep
+    from orchestration.design.plan import build_plan
+    from orchestration.design.spec import parse_sweep
 
     c = client(swept)
     _, children = split(runs_of(c, "recovery-ci"))

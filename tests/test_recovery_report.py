@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from orchestration.design.spec import parse_sweep
 from orchestration.report.analysis import primary_recovery
 from orchestration.report.read import Run
 from orchestration.report.recovery import sign_changes
-from orchestration.spec import parse_sweep
 from orchestration.report.rows import Comparison
 from orchestration.report.stats import paired, verdict_of
 

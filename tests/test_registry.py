@@ -192,10 +192,11 @@ def test_a_store_whose_runs_miss_the_recovery_its_sweep_file_declares_is_refused
 
 
 def test_every_axis_a_sweep_file_sets_names_a_field_of_the_sweep_schema():
-    """An axis declares where a sweep file sets it (orchestration/axes.py); the schema (orchestration/schema.py)
-    validates that field. The two must name the same place: a renamed field would leave the axis pointing nowhere."""
-    from orchestration.axes import AXES
-    from orchestration.schema import ScaleSpec, Sweep
+    """An axis declares where a sweep file sets it (orchestration/design/axes.py); the schema
+    (orchestration/design/schema.py) validates that field. The two must name the same place: a renamed field would
+    leave the axis pointing nowhere."""
+    from orchestration.design.axes import AXES
+    from orchestration.design.schema import ScaleSpec, Sweep
 
     set_by_file = [a for a in AXES if a.sweep_field]
     assert len(set_by_file) >= 10
@@ -215,10 +216,10 @@ def test_a_grouped_axis_declared_in_the_test_alone_is_grouped_paired_and_trended
     """An axis registered here (`widget`, grouped) splits every pruned group and its controls: each widget's pruned
     runs pair with that widget's Scratch-E (the gaps planted per widget come back exactly), the other fields of a row
     keep their values (no positional shift), and each widget gets its own trend across three scales."""
-    from orchestration.axes import Axis, register_axis, unregister_axis
+    from orchestration.design.axes import Axis, register_axis, unregister_axis
+    from orchestration.design.unit import group_text, stands_for
     from orchestration.report import Run, build
     from orchestration.report.read import SweepRuns
-    from orchestration.unit import group_text, stands_for
 
     gaps = {"a": (0.10, 0.12, 0.08), "b": (-0.05, -0.03, -0.07)}  # Scratch-E − pruned, per seed
     slope = {"xs": 0.0, "s": 0.02, "m": 0.04}  # the gap grows with the scale, the same for both widgets

@@ -12,8 +12,8 @@ import pytest
 from conftest import headroom
 from scipy import stats
 
+from orchestration.design.spec import parse_sweep
 from orchestration.report import load_sweep_runs, write_report
-from orchestration.spec import parse_sweep
 
 SPEC = """
 name: planted
@@ -240,7 +240,7 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     # runs.csv: one row per finished child run, a column per axis, metric and param, read back from MLflow
     import csv
 
-    from orchestration.axes import AXES
+    from orchestration.design.axes import AXES
 
     table = list(csv.DictReader((out / "runs.csv").open()))
     finished = store.c.search_runs([store.exp], f"tags.`mlflow.parentRunId` = '{parent}' and "
@@ -260,7 +260,7 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     import pandas as pd
 
     from lightning_modules.arms import control_names
-    from orchestration.axes import grouped
+    from orchestration.design.axes import grouped
     from orchestration.report.analysis import control_runs, pruned_groups
 
     df = pd.read_csv(out / "runs.csv", dtype=str, keep_default_na=False)

@@ -179,7 +179,7 @@ def save_tiny_gpt2(directory: Path) -> Path:
 
 
 def test_every_shipped_sweep_validates(tmp_path, cache_dir):
-    from orchestration.spec import load_sweep
+    from orchestration.design.spec import load_sweep
 
     files = sorted((ROOT / "sweeps").glob("*.yaml"))
     names = {f.stem for f in files}
@@ -203,7 +203,7 @@ def test_every_shipped_sweep_validates(tmp_path, cache_dir):
 
 
 def test_shipped_sweeps_say_what_the_issue_asks():
-    from orchestration.spec import load_sweep
+    from orchestration.design.spec import load_sweep
 
     q, _ = load_sweep(ROOT / "sweeps" / "quickstart.yaml")
     assert list(q.scales) == ["xs", "s"] and len(q.seeds) == 3 and q.prune.ratios == [0.5]
@@ -223,7 +223,7 @@ def test_shipped_sweeps_say_what_the_issue_asks():
 
 
 def test_spec_hash_ignores_where_it_runs():
-    from orchestration.spec import parse_sweep
+    from orchestration.design.spec import parse_sweep
 
     a = parse_sweep(GOOD)
     b = parse_sweep(GOOD + "storage: s3://bucket/x\ntracking_uri: http://mlflow:5000\nresources: {cpu: 4}\n"

@@ -46,7 +46,7 @@ def test_the_manifests_mlflow_starts_with_auth_on_postgres_and_s3(stack, tmp_pat
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", admin[1])
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_S3_ENDPOINT_URL"):
         monkeypatch.delenv(k, raising=False)  # the client needs no S3 credentials: the server proxies
-    from orchestration.runstore import mlflow_client
+    from orchestration.running.runstore import mlflow_client
 
     c = mlflow_client(url)  # headroom's client: artifacts through the server (test below)
     exp = c.create_experiment("stack-check")
@@ -83,7 +83,7 @@ def test_without_its_secret_key_basic_auth_refuses_to_start(stack, tmp_path):
 def test_missing_or_wrong_credentials_stop_headroom_before_anything_starts(stack, tmp_path, monkeypatch):
     """One line, exit 2, nothing started or written: no Ray results, no experiment or run on the server (the
     session's stack is shared: what it held before is what it holds after)."""
-    from orchestration.runstore import mlflow_client
+    from orchestration.running.runstore import mlflow_client
 
     url = stack.mlflow.url
 
@@ -213,7 +213,7 @@ def test_headroom_takes_artifacts_through_the_server_not_from_the_object_store(s
     headroom's client (sweep driver and report alike) downloads through the server."""
     import json as json_
 
-    from orchestration.runstore import PROXY_DOWNLOAD_ENV, mlflow_client
+    from orchestration.running.runstore import PROXY_DOWNLOAD_ENV, mlflow_client
 
     monkeypatch.delenv(PROXY_DOWNLOAD_ENV, raising=False)
     login = stack.sweep_login

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from test_spec import GOOD
 
-from orchestration.plan import train_units
-from orchestration.spec import parse_sweep
+from orchestration.design.plan import train_units
+from orchestration.design.spec import parse_sweep
 
 
 @pytest.fixture()
@@ -16,7 +16,7 @@ def store(tmp_path):
 
 
 def _tracker(uri, sweep):
-    from orchestration.tracking import Tracker
+    from orchestration.running.tracking import Tracker
 
     t = Tracker(uri, sweep.name, sweep.spec_hash())
     t.open_parent("t.yaml", GOOD, sweep.model_dump(mode="json"))

@@ -157,7 +157,7 @@ def test_the_sweep_summary_lists_cells_in_scale_and_budget_order():
     """The end-of-sweep loss table: scales in preset order, each scale's budgets increasing (not as text)."""
     from types import SimpleNamespace
 
-    from orchestration.summary import loss_table
+    from orchestration.running.summary import loss_table
 
     def run(scale, steps, arm, loss):
         tags = {"headroom.stage": "train", "headroom.arm": arm, "headroom.scale": scale, "headroom.family": "decoder",
@@ -183,8 +183,7 @@ def test_a_cell_carries_its_scale_and_budget_and_reads_as_its_label():
     import copy
     import pickle
 
-    from orchestration.plan import scale_rank
-    from orchestration.unit import Cell
+    from orchestration.design.unit import Cell, scale_rank
 
     c = Cell("s", 1500)
     assert (c, c.scale, c.budget) == ("s-T1500", "s", 1500) and Cell("s", None) == "s"

@@ -5,11 +5,13 @@ than a broken run. Runs are built in memory as in test_diagnostics.py; every cas
 from __future__ import annotations
 
 import math
-import re
 import random
+import re
 
 import pytest
+from test_diagnostics import SIMS, _run, cells, states, sweep
 
+from orchestration.design.unit import Cell
 from orchestration.report import Run, build
 from orchestration.report.diagnostics import (
     FAILED,
@@ -21,9 +23,6 @@ from orchestration.report.diagnostics import (
     larger_scale_not_worse,
 )
 from orchestration.report.document import render
-from orchestration.unit import Cell
-
-from test_diagnostics import SIMS, _run, cells, states, sweep
 
 MLFLOW_INF = 1.7976931348623157e308  # what an MLflow store gives back for a logged float("inf")
 

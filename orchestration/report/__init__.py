@@ -1,6 +1,7 @@
 """The verdict report: a sweep's MLflow runs → the verdict, with statistics a reviewer can check.
 
-    read.py         MLflow → typed runs (the newest parent, its finished children, histories, per-window losses)
+    read.py         MLflow → typed runs (the newest parent, its finished children, histories, per-window losses),
+                    and the runs as one table (a column per axis, metric, param): runs.csv
     stats.py        paired intervals over seeds and eval windows; Holm's adjustment
     analysis.py     half (2) comparisons, half (1), prune curves and prunable fractions, best method on val
     diagnostics.py  trust checks: is each scale's verdict about heads, or about models not trained enough?
@@ -10,7 +11,6 @@
     render.py       Markdown and self-contained HTML
     document.py     the report's sections and plots
     plots.py        matplotlib figures (also used by `headroom score`/`prune` and the prune trials)
-    table.py        the runs as one table (a column per axis, metric, param): runs.csv
     publish.py      write reports/<sweep>/ and log it to the parent run
 """
 

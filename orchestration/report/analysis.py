@@ -4,18 +4,17 @@ on val. Statistics are orchestration/report/stats.py's; this module only groups 
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
-import functools
 from collections import defaultdict, namedtuple
 
 from lightning_modules.arms import ARMS, control_names
 from lightning_modules.config import prunable_fraction, within_tolerance
 from lightning_modules.methods import PRIMARY_METHOD
+from orchestration.design.unit import ANY, scale_rank
+from orchestration.running import metrics as M
 
-from .. import metrics as M
-from ..plan import scale_rank
-from ..unit import ANY
 from .read import Run, Windows
 from .rows import Comparison, CurvePoint, Prunable, Replication, other_axes
 from .stats import ALPHA, holm, paired, t_interval, verdict_of

@@ -50,9 +50,9 @@ import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-from .. import metrics as M
-from ..plan import HALF_ARM
-from ..unit import Cell
+from orchestration.design.unit import HALF_ARM, Cell
+from orchestration.running import metrics as M
+
 from .stats import t_interval
 
 EVAL_SET = "id"

@@ -11,9 +11,8 @@ from pathlib import Path
 from lightning_modules.config import jsonable
 
 from .document import render
-from .read import Windows, client, load_sweep_runs, scores_of
+from .read import Windows, client, load_sweep_runs, scores_of, write_runs_csv
 from .summaries import heatmap_runs
-from .table import write_runs_csv
 from .verdict import Report, build, headline_markdown, headline_metrics
 
 ARTIFACTS = "report"  # the parent run's artifact folder of the report

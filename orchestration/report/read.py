@@ -1,5 +1,5 @@
 """MLflow → typed runs: the newest parent run of a sweep, its finished children by the tag contract, the loss and
-probe histories of its dense runs, and (on demand) each run's per-window losses.
+probe histories of its dense runs, (on demand) each run's per-window losses, and the runs as one table (runs.csv).
 
 An edited sweep file makes a new parent; the report reads the newest one only, so older runs are never mixed in.
 """
@@ -14,14 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lightning_modules.config import HeadroomInputError
-
-from .. import metrics as M
-from ..axes import grouped, read_tags
-from ..plan import expected_names
-from ..runstore import mlflow_client, search_runs
-from ..spec import Sweep
-from ..unit import PLAN_FILE, SCORES_FILE, WINDOWS_FILE, Cell, read_group, stands_for
-
+from orchestration.design.axes import AXES, BY_NAME, grouped, read_tags
+from orchestration.design.plan import expected_names
+from orchestration.design.schema import Sweep
+from orchestration.design.unit import ANY, NONE, PLAN_FILE, SCORES_FILE, WINDOWS_FILE, Cell, read_group, stands_for
+from orchestration.running import metrics as M
+from orchestration.running.runstore import mlflow_client, search_runs
 
 INF_STORED = 1.7976931348623157e308  # sys.float_info.max: how MLflow's stores write ±inf
 
@@ -63,7 +61,7 @@ class Run:
         # MLflow stores an infinite metric as ±1.7976931348623157e308 (the largest double): read it back as what it was
         self.metrics = {k: math.copysign(math.inf, v) if isinstance(v, float) and abs(v) >= INF_STORED else v
                         for k, v in self.metrics.items()}
-        for name, value in read_tags(self.tags).items():  # every axis of orchestration/axes.py
+        for name, value in read_tags(self.tags).items():  # every axis of orchestration/design/axes.py
             if name != "key":
                 setattr(self, name, value)
         self.scale = Cell(self.scale, self.budget)  # each budget of a scale is a cell of its own: "s-T1500"
@@ -169,3 +167,43 @@ def scores_of(uri: str, run: Run) -> list | None:
         return _download_json(uri, run.run_id, SCORES_FILE)["scores"]
     except Exception:  # noqa: BLE001 - a run without the artifact gets no heatmap
         return None
+
+
+# ------------------------------------------------------------------------------------------------ runs.csv
+# The sweep's child runs as one tidy table (pandas): a row per finished child run, a column per axis of
+# orchestration/design/axes.py (typed, read back from the run's tags), then every metric (its latest value) and every
+# param (`param/<name>`). Written beside the report as `runs.csv`, the export a researcher loads into a notebook.
+
+ID_COLUMNS = ("run_id", "name", "cell")  # cell: the scale as the report groups it ("s-T1500" with several budgets)
+
+
+def runs_table(runs: list[Run]):
+    import pandas as pd
+
+    axes = [a.name for a in AXES]
+    metrics = sorted({k for r in runs for k in r.metrics})
+    params = sorted({k for r in runs for k in r.params})
+    rows = []
+    for r in runs:
+        row = {"run_id": r.run_id, "name": r.name, "cell": r.scale, **read_tags(r.tags), "group": group_text(r)}
+        row.update({m: r.metrics.get(m) for m in metrics})
+        row.update({f"param/{p}": r.params.get(p) for p in params})
+        rows.append(row)
+    columns = [*ID_COLUMNS, *axes, *metrics, *(f"param/{p}" for p in params)]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def write_runs_csv(runs: list[Run], path: Path) -> Path:
+    runs_table(runs).sort_values(["cell", "arm", "method", "ratio", "seed", "name"], na_position="first",
+                                 kind="stable").to_csv(path, index=False)
+    return path
+
+
+def group_text(r: Run) -> str:
+    """The run's comparison group as the report pools it (its headroom.group tag, or the plan's rule for runs
+    logged before the tag): `axis=value;…`, `*` where it stands for every value; "none" outside every group."""
+    if r.group is None:
+        return NONE
+    names, wild = r.group
+    return ";".join(f"{a}={ANY if a in wild else r.scale if a == 'scale' else BY_NAME[a].to_tag(getattr(r, a))}"
+                    for a in names)

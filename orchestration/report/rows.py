@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..unit import Cell
+from orchestration.design.unit import Cell
 
 Heads = int | list[int] | None  # uniform count, per-layer counts, or unknown
 
@@ -42,7 +42,7 @@ class Comparison:
     window_share: float | None  # of the variance, from the eval windows; None without per-window losses
     recovery: str = "lm"  # the recovery objective of the pruned group (lm | distill)
     stage: str = "final"  # pre_ft: the masked model before fine-tune; final: after the recovery (F steps)
-    # the group's other grouped axes (declared since these fields were: orchestration/axes.py), by name
+    # the group's other grouped axes (declared since these fields were: orchestration/design/axes.py), by name
     group: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .. import metrics as M
-from ..plan import WORK_KINDS
+from orchestration.running import metrics as M
+from orchestration.running.metrics import WORK_KINDS
+
 from .analysis import by_scale, is_primary, mean
 from .read import Run, SweepRuns
 from .rows import Cost, EvalInfo, LearningRate, ProbeSlack, Redundancy

@@ -38,9 +38,9 @@ from collections import defaultdict
 from dataclasses import replace
 
 from lightning_modules.arms import control_names
+from orchestration.design.unit import scale_rank
+from orchestration.running import metrics as M
 
-from .. import metrics as M
-from ..plan import scale_rank
 from .analysis import (
     PRIMARY,
     by_scale,

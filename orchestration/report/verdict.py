@@ -10,9 +10,9 @@ from lightning_modules.arms import control_names
 from lightning_modules.arms import label as arm_label
 from lightning_modules.config import HeadroomInputError
 from lightning_modules.prune_plan import DEFAULT_TOLERANCE
+from orchestration.design.schema import TrustSpec
+from orchestration.design.unit import scale_rank
 
-from ..plan import scale_rank
-from ..spec import TrustSpec
 from .analysis import (
     PRIMARY,
     at_recovery,
@@ -21,15 +21,15 @@ from .analysis import (
     is_primary,
     primary_recovery,
     primary_values,
-    replication,
     prunable,
     prunable_fractions,
     prune_curves,
+    replication,
 )
 from .diagnostics import Diagnostic, diagnose, findings, untrustworthy, unverified
 from .read import SweepRuns, Windows
-from .render import fmt_ci, fmt_p
 from .recovery import recovery_rows, sign_changes
+from .render import fmt_ci, fmt_p
 from .rows import (
     Comparison,
     Cost,

@@ -3,7 +3,7 @@
 A trial runs in a Ray worker process, in its own working directory, possibly on another node. It reads its inputs
 from the trial config (paths resolved by the driver) and the Tune storage path, and reports to Tune only: metrics,
 per-step history and checkpoints travel in its reports, and the driver's tracking callback writes them to MLflow
-(one writer per store; see orchestration/tracking.py).
+(one writer per store; see orchestration/running/tracking.py).
 
 Exactly-once step history: `train/loss` of steps since the previous report rides along with the next report, and
 a report at a validation point carries the checkpoint of that step. A trial killed between two reports loses the
@@ -24,27 +24,25 @@ from ray import tune
 
 from lightning_modules.checkpoints import METRICS_FILE
 from lightning_modules.config import HeadroomInputError, jsonable
-
-from . import metrics as metric_names
-from .artifacts import write_prune
-from .devices import claim_gpu
-from .frameworks import quiet_frameworks
-from .plan import (
+from orchestration.design.plan import lr_candidate, snapshot_step, unit_scoring_flops
+from orchestration.design.unit import (
     DONE,
     EVAL_PARAMS,
-    TRAIN_PRECISION,
     HISTORY,
     KEPT,
     LIGHTNING_FILE,
     RESUMED,
     SNAPSHOTS_DIR,
+    TRAIN_PRECISION,
     WINDOWS_FILE,
     WORK,
     Unit,
-    lr_candidate,
-    snapshot_step,
-    unit_scoring_flops,
 )
+
+from . import metrics as metric_names
+from .artifacts import write_prune
+from .devices import claim_gpu
+from .frameworks import quiet_frameworks
 
 LATENCY_REPEATS = 5
 

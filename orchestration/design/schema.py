@@ -74,7 +74,7 @@ class Resources(Strict):
     gpu: float = Field(default=0, ge=0)
     workers: int = Field(default=1, ge=1)
     # the memory of one of the cluster's GPUs, decimal GB: `--plan` and the sweep refuse a fractional `gpu` that
-    # packs more trials onto a GPU than their planned peaks fit (orchestration/packing.py)
+    # packs more trials onto a GPU than their planned peaks fit (orchestration/design/packing.py)
     gpu_memory_gb: float = Field(default=80, gt=0)
 
     @model_validator(mode="after")
@@ -228,7 +228,7 @@ class Sweep(Strict):
     retries: int = Field(default=2, ge=0)
     storage: str | None = None
     tracking_uri: str | None = None
-    # each prune unit's pruned model as an MLflow transformers model (orchestration/registry.py); off for models
+    # each prune unit's pruned model as an MLflow transformers model (orchestration/running/registry.py); off for models
     # too large to copy into the artifact store once per prune unit
     log_models: bool = True
     pretrained: PretrainedSpec | None = None

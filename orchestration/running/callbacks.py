@@ -1,5 +1,5 @@
 """Lightning callbacks of a sweep's train trials: the per-step history, and the report-and-checkpoint at every
-validation (see orchestration/trainables.py for why they travel together)."""
+validation (see orchestration/running/trainables.py for why they travel together)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 from pytorch_lightning.callbacks import Callback
 
+from orchestration.design.unit import HISTORY, LIGHTNING_FILE
+
 from . import metrics as M
-from .plan import HISTORY, LIGHTNING_FILE
 
 FAULT_PAUSE_S = 3.0
 
@@ -63,7 +64,7 @@ class ReportAtValidation(Callback):
     into a directory, reported with it (`tune.report`, or `ray.train.report` on a data-parallel worker)."""
 
     def __init__(self, history: StepHistory, report, save_checkpoints: bool = True, keep: Path | None = None):
-        # report(metrics, checkpoint_dir=None): the trial's (orchestration.ddp.Session.report)
+        # report(metrics, checkpoint_dir=None): the trial's (orchestration.running.ddp.Session.report)
         # keep: a directory every checkpoint carries too (the dense run's snapshots for pruning at p·T), so a
         # resumed trial still has the ones written before it
         self.history, self.report, self.save_checkpoints, self.keep = history, report, save_checkpoints, keep

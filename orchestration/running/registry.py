@@ -6,7 +6,7 @@ Only models that transformers alone computes exactly as headroom does are logged
 head count in every layer (transformers' Llama config says so). The encoder's attention is headroom's rotary one,
 and a global-scope prune leaves different counts per layer: transformers would load those without error and compute
 something else, so they stay headroom checkpoints (`headroom.checkpoint`; `lightning_modules.models.load_model`).
-Runs in the driver, like all MLflow writes (orchestration/tracking.py).
+Runs in the driver, like all MLflow writes (orchestration/running/tracking.py).
 """
 
 from __future__ import annotations
@@ -85,8 +85,7 @@ def register_primary(rep, tracking_uri: str, say=print) -> list[tuple[str, str]]
     from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
     from lightning_modules.arms import label as arm_label
-
-    from .report.analysis import PRIMARY, is_primary
+    from orchestration.report.analysis import PRIMARY, is_primary
 
     client = MlflowClient(tracking_uri)
     out, skipped = [], 0

@@ -4,7 +4,7 @@ trials of a stage with data-parallel ones may run at once."""
 
 from __future__ import annotations
 
-from .spec import Sweep
+from .schema import Sweep
 from .unit import Unit
 
 # what the trial function of a data-parallel trial holds while its Ray Train workers train: memory for the

@@ -39,7 +39,7 @@ def _int_or(default):
 class Axis:
     """One tag of a child run. `get(unit)` is the unit's value (default: its attribute `name`); `to_tag` writes it,
     `from_tag` reads the tag's text back (the value when the tag says "none" or is absent: `default`).
-    `key`: "hashed" (the unit's field enters its key, by the rule of orchestration/unit.py: a field that keys did
+    `key`: "hashed" (the unit's field enters its key, by the rule of orchestration/design/unit.py: a field that keys did
     not hash from the start only when it differs from its default) or "derived" (never hashed: other fields
     decide it). `sweep_field`: where a sweep file sets it ("" when the plan derives it). `groups`: the
     report's comparisons pool runs that share it (a pruned arm's cell and its controls are grouped by every such
@@ -95,7 +95,7 @@ AXES: list[Axis] = [  # declaration order; register_axis adds one (a test, or a 
          get=lambda u: u.recovery if u.stage == "prune" or u.finetune_steps is not None or u.recovery != "lm"
          else NONE),
     # the comparison group a pruned run or a control belongs to: the values of every grouped axis, "*" where the
-    # run stands for every value (decided by the plan, orchestration/unit.py: comparison_group); "none" on others
+    # run stands for every value (decided by the plan, orchestration/design/unit.py: comparison_group); "none" on others
     Axis("group", "", key="derived", get=lambda u: u.comparison_group()),
 ]
 BY_NAME = {a.name: a for a in AXES}

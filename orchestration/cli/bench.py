@@ -29,7 +29,7 @@ BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
 # `headroom bench --gpu`: the GPU questions, sized to fit a few minutes of one GPU, declared once in
 # benchmarks/gpu_sizes.json (benchmarks/gpu_check.sh reads the same file): MFU at l and xl, batched ablation,
 # pruned latency in bf16, kernel choices, and peak memory with every evaluation on cuda
-GPU_SIZES = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_sizes.json"
+GPU_SIZES = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_sizes.json"
 
 
 def gpu_benchmarks() -> dict[str, list[str]]:
@@ -78,7 +78,7 @@ def _bench_lines(name: str, res: dict) -> list[str]:
 
 
 def cmd_bench(args) -> int:
-    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    root = Path(__file__).resolve().parents[2] / "benchmarks"
     gpu = gpu_benchmarks()
     table = gpu if args.gpu else BENCHMARKS
     if args.gpu and args.tiny:

@@ -26,15 +26,16 @@ from pathlib import Path
 from lightning_modules.checkpoints import checkpoint_info
 from lightning_modules.config import HeadroomInputError
 from lightning_modules.prepared import DataIdentity, data_identity, prepare
+from orchestration.design import plan as plan_module
+from orchestration.design.plan import Plan, build_plan, lr_candidate, pretrained_units
+from orchestration.design.preflight import plan_rows
+from orchestration.design.resources import concurrency, ddp_trials, trial_bundle, trial_resources
+from orchestration.design.schema import Sweep
+from orchestration.design.unit import Unit, arch_key
+from orchestration.report import headline_table, write_report
 
 from . import metrics as M
-from . import plan as plan_module
 from .devices import SIMULATE
-from .plan import Plan, Unit, arch_key, build_plan, lr_candidate, pretrained_units
-from .preflight import plan_rows
-from .report import headline_table, write_report
-from .resources import concurrency, ddp_trials, trial_bundle, trial_resources
-from .spec import Sweep
 from .summary import loss_table, timing
 from .where import Where, checkpoint_id, resolve_paths, resolve_where, stop_on_signals
 
@@ -230,7 +231,7 @@ class Sweeper:
     # ------------------------------------------------------------------------------------------- the sweep
     def preflight(self) -> str:
         """Before anything is recorded or started: the data's identity (corpus hash, the vocabulary actually
-        trained) and every unit's model built on the meta device (orchestration/preflight.py). Bad data or a unit
+        trained) and every unit's model built on the meta device (orchestration/design/preflight.py). Bad data or a unit
         that cannot be built raises HeadroomInputError: one line, exit 2, nothing written."""
         data = self.sweep.data
         if data.source == "mqar":

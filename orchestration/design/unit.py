@@ -1,8 +1,8 @@
 """A unit of work: what one Ray Tune trial does and one MLflow child run records — train one model (an arm of
 lightning_modules/arms.py, or an `lr_search` candidate) or prune one dense checkpoint (`pruned`) — with the configs
-it runs with, its deterministic key, its MLflow tags (orchestration/axes.py), name, description and params, and its
-serialised form (what crosses the Ray boundary). Its key hashes everything that decides its result, so a retried,
-resumed or re-run unit finds its own run. Torch-free; `plan.py` makes the units of a sweep.
+it runs with, its deterministic key, its MLflow tags (orchestration/design/axes.py), name, description and params,
+and its serialised form (what crosses the Ray boundary). Its key hashes everything that decides its result, so a
+retried, resumed or re-run unit finds its own run. Torch-free; `plan.py` makes the units of a sweep.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from lightning_modules.config import SCALES, DataConfig, ModelConfig, TrainConfi
 from lightning_modules.prune_plan import DistillSpec, PruneData, PrunePlan, Recovery
 
 from .axes import AXES, BY_NAME, grouped, tags_of
-from .metrics import WORK_KINDS  # noqa: F401 - where the summaries have found it
-from .spec import ProbeSpec
+from .schema import ProbeSpec
 
 NONE = "none"
 HALF_ARM = "dense_half"  # the dense model of one seed trained to half the smallest budget (the converged check)
@@ -40,7 +39,7 @@ EVAL_PARAMS = ("eval_device", "eval_precision")  # every run's evaluation: where
 TRAIN_PRECISION = "train_precision"  # MLflow param: the precision a run trained (or fine-tuned) at, resolved
 
 
-TAG_FIELDS = tuple(a.tag or a.name for a in AXES)  # headroom.<field>: declared in orchestration/axes.py
+TAG_FIELDS = tuple(a.tag or a.name for a in AXES)  # headroom.<field>: declared in orchestration/design/axes.py
 SNAPSHOTS_DIR = "snapshots"  # a dense run's kept checkpoints (step<k>.ckpt) for pruning at p·T, beside its model
 
 

@@ -25,12 +25,12 @@ from pathlib import Path
 from mlflow.entities import LoggedModelStatus, Metric, Param, RunStatus, RunTag
 from ray.tune import Callback
 
+from orchestration.design.unit import DONE, EVAL_PARAMS, HISTORY, KEPT, PLAN_FILE, RESUMED, TRAIN_PRECISION, WORK, Unit
+
 from . import metrics as M
 from .artifacts import RUN_ARTIFACTS
-from .devices import GPU_PARAM
 from .ddp import CHECKPOINT_KEY, checkpoint_uri
-from .plan import DONE, EVAL_PARAMS, HISTORY, KEPT, RESUMED, TRAIN_PRECISION, WORK, Unit
-from .unit import PLAN_FILE
+from .devices import GPU_PARAM
 from .runstore import mlflow_client, search_runs
 
 PACKAGES = ("headroom", "torch", "transformers", "pytorch-lightning", "ray", "mlflow", "optuna", "datasets")
@@ -53,7 +53,7 @@ def _local_artifact_root(uri: str) -> str | None:
 def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parents[1])
+                             cwd=Path(__file__).resolve().parents[2])
         return out.stdout.strip() if out.returncode == 0 else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -1,4 +1,4 @@
-"""A validated Sweep → its units of work (orchestration/unit.py), in the stages they run in: the learning-rate
+"""A validated Sweep → its units of work (orchestration/design/unit.py), in the stages they run in: the learning-rate
 search, dense runs and the controls known before pruning, the prunes of every dense checkpoint, and the controls of
 a `global` prune once its kept heads are known. Torch-free.
 """
@@ -22,29 +22,8 @@ from lightning_modules.costs import flops_per_token
 from lightning_modules.methods import charged_method, scoring_flops
 from lightning_modules.prune_plan import PrunePlan
 
-from .spec import Sweep
-from .unit import (  # noqa: F401 - the unit's names, where the stages, trials and report have always found them
-    DONE,
-    EVAL_PARAMS,
-    TRAIN_PRECISION,
-    HALF_ARM,
-    HISTORY,
-    KEPT,
-    LIGHTNING_FILE,
-    NONE,
-    RESUMED,
-    SNAPSHOTS_DIR,
-    TAG_FIELDS,
-    WINDOWS_FILE,
-    WORK,
-    WORK_KINDS,
-    ProbeRun,
-    PruneRun,
-    Unit,
-    _heads,
-    arch_key,
-    scale_rank,
-)
+from .schema import Sweep
+from .unit import HALF_ARM, NONE, ProbeRun, PruneRun, Unit, _heads, arch_key
 
 
 def _train_cfg(sweep: Sweep, scale: str, seed: int, lr: float | None, steps: int) -> TrainConfig:

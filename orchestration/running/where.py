@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_modules.checkpoints import checkpoint_info
-
-from .spec import Sweep, resolve_tracking_uri
+from orchestration.design.schema import Sweep
+from orchestration.design.spec import resolve_tracking_uri
 
 
 @dataclass(frozen=True)

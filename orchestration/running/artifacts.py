@@ -8,9 +8,8 @@ import json
 from pathlib import Path
 
 from lightning_modules.checkpoints import METRICS_FILE
-
-from .report.plots import heatmap, prune_curve_plot
-from .unit import SCORES_FILE, WINDOWS_FILE
+from orchestration.design.unit import SCORES_FILE, WINDOWS_FILE
+from orchestration.report.plots import heatmap, prune_curve_plot
 
 SCORES_PNG = "scores.png"
 CURVE_PNG = "prune_curve.png"

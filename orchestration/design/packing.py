@@ -18,7 +18,7 @@ from lightning_modules.config import HeadroomInputError, ModelConfig
 from lightning_modules.memory import prune_memory, train_memory
 from lightning_modules.methods import get_method
 
-from .spec import Sweep
+from .schema import Sweep
 from .unit import Unit
 
 GB = 10**9

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import statistics
 
+from orchestration.design.axes import BY_NAME, read_tags
+from orchestration.design.unit import Cell, scale_rank
+
 from . import metrics as M
-from .axes import BY_NAME, read_tags
-from .plan import WORK_KINDS, scale_rank
-from .unit import Cell
+from .metrics import WORK_KINDS
 
 WALL = M.cost("wall_s")  # a trial's seconds, as its tracker logged them
 

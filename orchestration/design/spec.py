@@ -64,19 +64,7 @@ from lightning_modules.config import HeadroomInputError, check_compatible, model
 from lightning_modules.corpus import check_source
 from lightning_modules.prune_plan import check_ratio_fits
 
-from .schema import (  # noqa: F401 - the schema's names, where every layer has found them
-    LrSearch,
-    LrSpec,
-    PretrainedSpec,
-    ProbeSpec,
-    PruneSpec,
-    Resources,
-    ScaleResources,
-    ScaleSpec,
-    Sweep,
-    TrainOverrides,
-    TrustSpec,
-)
+from .schema import Sweep
 
 
 def resolve_tracking_uri(uri: str | None) -> str:

@@ -22,10 +22,9 @@ from lightning_modules.config import (
 from lightning_modules.corpus import check_source
 from lightning_modules.methods import METHODS
 from lightning_modules.prune_plan import PrunePlan, check_ratio_fits
-
-from .artifacts import RUN_ARTIFACTS, write_prune
-from .frameworks import quiet_frameworks
-from .report.plots import heatmap
+from orchestration.report.plots import heatmap
+from orchestration.running.artifacts import RUN_ARTIFACTS, write_prune
+from orchestration.running.frameworks import quiet_frameworks
 
 
 def _check_out(out: str) -> Path:
@@ -94,7 +93,7 @@ def _train_data_parallel(workers: int, model_cfg, train_cfg, data_cfg, staging: 
     import ray
     import torch
 
-    from .ddp import fit
+    from orchestration.running.ddp import fit
 
     gpu = 1 if torch.cuda.device_count() >= workers else 0
     ray.init(address="local", num_cpus=max(workers, os.cpu_count() or 1), logging_level="ERROR",
@@ -114,8 +113,7 @@ def _train_worker(config: dict) -> None:
     """One rank of `headroom train --workers W`."""
     from lightning_modules.config import ModelConfig
     from lightning_modules.train import train_lm, write_run
-
-    from .ddp import Session, lightning_ddp, worker_setup
+    from orchestration.running.ddp import Session, lightning_ddp, worker_setup
 
     quiet_frameworks()
     worker_setup()

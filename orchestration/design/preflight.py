@@ -27,9 +27,10 @@ from lightning_modules.config import (
 from lightning_modules.prune_plan import PrunePlan
 
 from .packing import check_packing, unit_memory
-from .plan import Plan, Unit, snapshot_step, unit_scoring_flops
+from .plan import Plan, snapshot_step, unit_scoring_flops
 from .resources import trial_resources
-from .spec import Sweep
+from .schema import Sweep
+from .unit import Unit
 
 # the JSON field names other tools rely on (a row has more)
 PLAN_FIELDS = ("stage", "arm", "scale", "family", "heads", "head_dim", "steps", "params", "flops_per_token",
@@ -72,7 +73,7 @@ class PlanRow:
     # own steps (a distilled control's teacher passes included). Scratch-B and scratch_kd equal their pruned arm
     # to within one of their steps
     arm_train_flops: int = 0
-    # the planned peak memory of one worker of the unit's trial, bytes (orchestration/packing.py)
+    # the planned peak memory of one worker of the unit's trial, bytes (orchestration/design/packing.py)
     memory_bytes: int = 0
 
     def to_json(self) -> dict:
@@ -190,7 +191,7 @@ def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: 
 def plan_rows(sweep_plan: Plan) -> list[PlanRow]:
     """Every unit of a scales sweep's plan (a pretrained sweep has its checkpoint's model: nothing to plan here),
     its model built on meta. Raises HeadroomInputError naming the first unit that cannot be built, or the first
-    scale whose trials share a GPU their planned memory does not fit (orchestration/packing.py)."""
+    scale whose trials share a GPU their planned memory does not fit (orchestration/design/packing.py)."""
     sweep = sweep_plan.sweep
     if sweep.pretrained is not None:
         return []

@@ -19,16 +19,16 @@ from lightning_modules.config import FAMILIES, PRESET_FIELDS, SCALES, HeadroomIn
 from lightning_modules.methods import METHODS
 from lightning_modules.prune_plan import DEFAULT_CALIBRATION_BATCHES, DEFAULT_FINETUNE_LR, Scope
 from lightning_modules.tokens import planned_vocab_size
+from orchestration.design.packing import packing_note
+from orchestration.design.plan import build_plan, pretrained_units
+from orchestration.design.preflight import format_table, plan_rows
+from orchestration.design.spec import load_sweep, resolve_tracking_uri
+from orchestration.report import headline_table, write_report
+from orchestration.running.frameworks import quiet_frameworks as _quiet_frameworks
+from orchestration.running.stages import run_sweep
 
 from .bench import add_bench
 from .commands import TRAIN_FLAGS, cmd_prune, cmd_score, cmd_train
-from .frameworks import quiet_frameworks as _quiet_frameworks
-from .plan import build_plan, pretrained_units
-from .packing import packing_note
-from .preflight import format_table, plan_rows
-from .report import headline_table, write_report
-from .spec import load_sweep, resolve_tracking_uri
-from .stages import run_sweep
 
 EXIT_BAD_INPUT = 2
 
@@ -273,7 +273,7 @@ def cmd_sweep(args) -> int:
 
 
 def _print_plan(sweep, as_json: bool) -> int:
-    """`headroom sweep FILE --plan [--json]`: the rows of orchestration.preflight, before any data is read."""
+    """`headroom sweep FILE --plan [--json]`: the rows of orchestration.design.preflight, before any data is read."""
     _quiet_frameworks()
     if sweep.pretrained is not None:  # the checkpoint's own model, pruned: no architecture of ours to build
         info = checkpoint_info(sweep.pretrained.checkpoint)

@@ -1,0 +1,7 @@
+"""`python -m orchestration.cli`."""
+
+import sys
+
+from orchestration.cli import main
+
+sys.exit(main())
