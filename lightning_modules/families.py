@@ -130,6 +130,24 @@ class _Llama:
         g = n // kv
         return attn.v_proj.weight[(h // g) * hd:(h // g + 1) * hd], attn.o_proj.weight[:, h * hd:(h + 1) * hd]
 
+    @classmethod
+    def head_slices(cls, attn, h: int) -> list[tuple[nn.Parameter, tuple]]:
+        """The parameters of head h, as (parameter, index): its query rows, its key/value group's rows (shared by
+        the group's query heads) and its output-projection columns, biases included where the model has them."""
+        n, kv, hd = cls.shape(attn)
+        q, g = slice(h * hd, (h + 1) * hd), h // (n // kv)
+        k = slice(g * hd, (g + 1) * hd)
+        out = [(attn.q_proj.weight, (q,)), (attn.k_proj.weight, (k,)), (attn.v_proj.weight, (k,)),
+               (attn.o_proj.weight, (slice(None), q))]
+        if attn.q_proj.bias is not None:
+            out += [(attn.q_proj.bias, (q,)), (attn.k_proj.bias, (k,)), (attn.v_proj.bias, (k,))]
+        return out
+
+    @staticmethod
+    def out_weight(attn) -> torch.Tensor:
+        """The output projection's weight as a Linear's: [D out, H·d in]."""
+        return attn.o_proj.weight
+
 
 class _GPT2:
     """GPT-2: c_attn is a Conv1D with weight [D, 3·H·d] (columns q | k | v), c_proj weight [H·d, D]."""
@@ -182,6 +200,17 @@ class _GPT2:
         v_cols = slice(2 * n * hd + h * hd, 2 * n * hd + (h + 1) * hd)
         return attn.c_attn.weight[:, v_cols].t(), attn.c_proj.weight[h * hd:(h + 1) * hd].t()
 
+    @classmethod
+    def head_slices(cls, attn, h: int) -> list[tuple[nn.Parameter, tuple]]:
+        n, _, hd = cls.shape(attn)
+        cols = [slice(part * n * hd + h * hd, part * n * hd + (h + 1) * hd) for part in range(3)]
+        return ([(attn.c_attn.weight, (slice(None), c)) for c in cols] + [(attn.c_attn.bias, (c,)) for c in cols]
+                + [(attn.c_proj.weight, (slice(h * hd, (h + 1) * hd),))])
+
+    @staticmethod
+    def out_weight(attn) -> torch.Tensor:
+        return attn.c_proj.weight.t()  # a Conv1D holds [in, out]
+
 
 class _Bert:
     """BERT: attention.self.{query,key,value} Linear [H·d, D]; attention.output.dense Linear [D, H·d]."""
@@ -230,6 +259,18 @@ class _Bert:
     def value_out_weights(cls, attn, h: int):
         _, _, hd = cls.shape(attn)
         return attn.self.value.weight[h * hd:(h + 1) * hd], attn.output.dense.weight[:, h * hd:(h + 1) * hd]
+
+    @classmethod
+    def head_slices(cls, attn, h: int) -> list[tuple[nn.Parameter, tuple]]:
+        _, _, hd = cls.shape(attn)
+        r, s = slice(h * hd, (h + 1) * hd), attn.self
+        return ([(getattr(s, n).weight, (r,)) for n in ("query", "key", "value")]
+                + [(getattr(s, n).bias, (r,)) for n in ("query", "key", "value")]
+                + [(attn.output.dense.weight, (slice(None), r))])
+
+    @staticmethod
+    def out_weight(attn) -> torch.Tensor:
+        return attn.output.dense.weight
 
 
 _FAMILIES = {f.name: f for f in (_Llama, _GPT2, _Bert)}

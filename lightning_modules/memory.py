@@ -133,6 +133,18 @@ def backward_memory(cfg: ModelConfig, batch_size: int, seq_len: int, gpu: bool =
     return weights_memory(cfg, 0, 0) + (activation_bytes(cfg, "32-true") + 8 * cfg.vocab_size) * batch_size * seq_len
 
 
+def forward_memory(cfg: ModelConfig, batch_size: int, seq_len: int, gpu: bool = False) -> int:
+    """One forward pass without autograd at the calibration batch, reading the output projections' inputs
+    (activation, flap, wanda_sp: their per-channel sums are a few vectors of H·d)."""
+    return weights_memory(cfg, 0, 0) + forward_bytes(cfg, batch_size * seq_len)
+
+
+def weight_gradient_memory(cfg: ModelConfig, batch_size: int, seq_len: int, gpu: bool = False) -> int:
+    """A forward and backward pass with the attention weights' gradients kept (taylor): the frozen-weight backward
+    and an fp32 gradient of every attention parameter."""
+    return backward_memory(cfg, batch_size, seq_len) + 4 * param_counts(cfg).attention
+
+
 def rows_memory(gpu_rows: int):
     """Forward passes of one copy of the batch per masked head, up to `gpu_rows` rows at once on a GPU and one batch
     on a CPU (ablation)."""

@@ -13,7 +13,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .memory import attention_memory, backward_memory, rows_memory, weights_memory
+from .memory import (
+    attention_memory,
+    backward_memory,
+    forward_memory,
+    rows_memory,
+    weight_gradient_memory,
+    weights_memory,
+)
 
 
 def _fixed(passes: float) -> Callable[..., float]:
@@ -119,6 +126,18 @@ register_method(Method("confidence", _S + "score_confidence", _fixed(1),
                        description="Voita et al. 2019: the mean maximum attention weight", memory=attention_memory))
 register_method(Method("random", _S + "score_random", _fixed(0), needs_calibration=False,
                        description="seeded uniform scores: the baseline every method must beat", memory=weights_memory))
+# the scores of structured LLM pruning (lightning_modules/scoring_llm.py: formulas and sources): three read one
+# forward pass; taylor's backward also computes the attention weights' gradients (torch's FLOP counter: TAYLOR_PASSES)
+_LLM = "lightning_modules.scoring_llm:"
+TAYLOR_PASSES = 2.2
+register_method(Method("activation", _LLM + "score_activation", _fixed(1), memory=forward_memory,
+                       description="Minitron: the L2 norm over a head's channels of its output's mean magnitude"))
+register_method(Method("flap", _LLM + "score_flap", _fixed(1), memory=forward_memory,
+                       description="FLAP: the fluctuation of a head's output channels, weighted by their weights"))
+register_method(Method("wanda_sp", _LLM + "score_wanda_sp", _fixed(1), memory=forward_memory,
+                       description="structured Wanda: |W| times the input norm, summed over a head's channels"))
+register_method(Method("taylor", _LLM + "score_taylor", _fixed(TAYLOR_PASSES), memory=weight_gradient_memory,
+                       description="LLM-Pruner: Σ|w·∂L/∂w| over the head's query, key, value and output weights"))
 register_method(Method("l0", _S + "score_l0",
                        # gate training: a forward and a gate-only backward (2 passes) per step on one batch each
                        lambda n_heads, bt, calib, o: 2 * o["steps"] * bt / max(calib, 1),

@@ -139,7 +139,12 @@ def test_l0_open_probability_hand_value():
 
 def test_unknown_method(trained, calib):
     with pytest.raises(HeadroomInputError, match="unknown method"):
-        score_heads(trained, calib, "taylor")
+        score_heads(trained, calib, "nonesuch")
+
+
+# the scores of structured LLM pruning (scoring_llm.py) held to the same bar as Michel's two: measured on this
+# model, every one of them beats at least 14 of the 16 random draws (the test prints each)
+INFORMED_AT_HALF = ("gradient", "ablation", "activation", "flap", "wanda_sp", "taylor")
 
 
 def test_informed_methods_beat_random_at_half(trained, data, calib):
@@ -159,7 +164,7 @@ def test_informed_methods_beat_random_at_half(trained, data, calib):
     dense = evaluate_loss(trained, val)["loss"]
     rand = [loss_after(score_heads(trained, None, "random", seed=s)) for s in range(16)]
     med = statistics.median(rand)
-    results = {m: loss_after(score_heads(trained, calib, m)) for m in ("gradient", "ablation")}
+    results = {m: loss_after(score_heads(trained, calib, m)) for m in INFORMED_AT_HALF}
     print(f"\ndense {dense:.4f}; random 50%: median {med:.4f}, sorted {[round(r, 3) for r in sorted(rand)]}; "
           + ", ".join(f"{m} {v:.4f}" for m, v in results.items()))
     for m, v in results.items():
