@@ -389,3 +389,25 @@ def test_scratch_b_counts_every_candidate_fine_tune():
         # gradient scoring: 2 forward passes (2/3 of a training step's FLOPs) per token of each calibration batch
         budget = 20 * c_dense + sweep.prune.calibration_batches * c_dense * 2 / 3 + 25 * candidates * c_small
         assert abs(b.train.steps * c_small - budget) <= c_small / 2, (extra, b.train.steps, budget / c_small)
+
+
+def test_the_group_the_plan_stamps_is_the_group_the_report_pools():
+    """Every pruned unit and control of the shipped sweeps: its headroom.group tag, read back as a report's run,
+    is the group the report pools it in (runs.csv's column), value for value — a Scratch-B of a single F says
+    recovery=lm (or distill) like its pruned groups, never the recovery tag's "none" — and dense runs are in no group."""
+    from orchestration.design.plan import build_plan
+    from orchestration.design.spec import load_sweep
+    from orchestration.report import Run
+    from orchestration.report.read import run_group
+
+    seen = set()
+    for name in ("quickstart", "budget", "timing", "recovery", "converged"):
+        plan = build_plan(load_sweep(ROOT / "sweeps" / f"{name}.yaml")[0], "c")
+        for u in plan.trained + plan.pruned + list(plan.taught):
+            tags = u.tags()
+            r = Run(u.key, u.name, "FINISHED", tags, {}, u.params())
+            assert run_group(r) == tags["headroom.group"], (name, u.name)
+            seen.add((u.arm, tags["headroom.group"] == "none"))
+            if u.arm == "scratch_b":
+                assert "recovery=none" not in tags["headroom.group"]
+    assert {("dense", True), ("pruned", False), ("scratch_e", False), ("scratch_b", False)} <= seen

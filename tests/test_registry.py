@@ -214,8 +214,9 @@ def test_every_axis_a_sweep_file_sets_names_a_field_of_the_sweep_schema():
 
 def test_a_grouped_axis_declared_in_the_test_alone_is_grouped_paired_and_trended_by_name():
     """An axis registered here (`widget`, grouped) splits every pruned group and its controls: each widget's pruned
-    runs pair with that widget's Scratch-E (the gaps planted per widget come back exactly), the other fields of a row
-    keep their values (no positional shift), and each widget gets its own trend across three scales."""
+    runs pair with that widget's Scratch-E (the gaps planted per widget come back exactly), a Scratch-B the plan
+    stamped as standing for every widget pairs with both, the other fields of a row keep their values (no positional
+    shift), and each widget gets its own trend across three scales."""
     from orchestration.design.axes import Axis, register_axis, unregister_axis
     from orchestration.design.unit import group_text, stands_for
     from orchestration.report import Run, build
@@ -227,16 +228,16 @@ def test_a_grouped_axis_declared_in_the_test_alone_is_grouped_paired_and_trended
     try:
         runs = []
 
-        def run(arm, scale, seed, widget, loss, **tags):
+        def run(arm, scale, seed, widget, loss, every_widget=False, **tags):
             t = {"stage": "prune" if arm == "pruned" else "train", "arm": arm, "scale": scale, "family": "decoder",
                  "heads": "8", "method": "none", "ratio": "none", "scope": "none", "schedule": "none",
                  "seed": str(seed), "widget": widget, **tags}
-            values = {"scale": scale, "family": "decoder", "ratio": t["ratio"], "method": t["method"],
-                      "scope": t["scope"], "schedule": t["schedule"], "finetune_steps": t.get("finetune_steps", "0"),
-                      "recovery": "lm", "widget": widget}
-            wild = stands_for(arm, t["scope"], 10)
-            if wild is not None:
-                t["group"] = group_text(values, wild)
+            ratio = None if t["ratio"] == "none" else float(t["ratio"])
+            values = {"scale": scale, "family": "decoder", "ratio": ratio, "method": t["method"], "scope": t["scope"],
+                      "schedule": t["schedule"], "finetune_steps": 10, "recovery": "lm", "widget": widget}
+            wild = stands_for(arm, t["scope"], None if every_widget else 10)
+            if wild is not None:  # the plan's stamp; a control planned once for every widget says so here alone
+                t["group"] = group_text(values, wild | ({"widget"} if every_widget else set()))
             params = {"steps": "100", "batch_size": "8", "seq_len": "32", "finetune_steps": "10"}
             n = {"xs": 1e4, "s": 4e4, "m": 1.6e5}[scale]
             runs.append(Run(f"{scale}-{arm}-{widget}-{seed}", f"{scale}-{arm}-{widget}-{seed}", "FINISHED",
@@ -252,7 +253,14 @@ def test_a_grouped_axis_declared_in_the_test_alone_is_grouped_paired_and_trended
                         schedule="one_shot", kept="4", finetune_steps="10")
                     run("scratch_e", scale, seed, w, pruned + g[seed] + slope[scale], ratio="0.5", scope="per_layer",
                         heads="4")
+                run("scratch_b", scale, seed, "none", 2.05 + 0.01 * seed - 0.2, every_widget=True, ratio="0.5",
+                    scope="per_layer", heads="4")
         rep = build(SweepRuns("memory", "t", "hash", "parent", None, runs, [], {}))
+        # the control the plan stamped as standing for every widget pairs with each widget's pruned runs: read
+        # from its tag (without it, the arm's own rule would make its widget "none" and pair it with nothing)
+        b = [c for c in rep.comparisons if c.control == "scratch_b" and c.eval_set == "id" and c.stage == "final"]
+        assert sorted((c.scale, c.group["widget"]) for c in b) == sorted(
+            (s, w) for s in ("xs", "s", "m") for w in "ab") and all(c.diff_mean == pytest.approx(-0.2) for c in b)
         rows = [c for c in rep.comparisons if c.control == "scratch_e" and c.eval_set == "id" and c.stage == "final"]
         assert len(rows) == 3 * 2
         for c in rows:

@@ -309,9 +309,9 @@ class Plan:
     def to_json(self) -> dict:
         """What a sweep records beside its parent run (`sweep/plan.json`): the report of a finished sweep reads
         its expected units from there, never from re-planning with the code of the day."""
-        return {"corpus_hash": self.corpus_hash, "vocab_size": self.vocab_size, "expected": self.expected_names(),
-                "units": [{"name": u.name, "key": u.key, "stage": u.stage}
-                          for u in self.lr_search + self.trained + self.pruned + list(self.taught)]}
+        return plan_record(self.lr_search + self.trained + self.pruned + list(self.taught), self.expected_names(),
+                           self.corpus_hash, self.vocab_size)
+
 
     @property
     def dense(self) -> list[Unit]:
@@ -345,6 +345,12 @@ class Plan:
                     # objective of one (method, ratio, schedule): planned once
                     out.update((u.key, u) for u in self.controls_of(p, kept))
         return list(out.values())
+
+
+def plan_record(units: list[Unit], expected: list[str], corpus_hash: str, vocab_size: int | None = None) -> dict:
+    """`sweep/plan.json`: every unit's name, key and stage, and the run names the report expects."""
+    return {"corpus_hash": corpus_hash, "vocab_size": vocab_size, "expected": expected,
+            "units": [{"name": u.name, "key": u.key, "stage": u.stage} for u in units]}
 
 
 def build_plan(sweep: Sweep, corpus_hash: str, vocab_size: int = BYTE_VOCAB_SIZE, lrs: dict | None = None) -> Plan:

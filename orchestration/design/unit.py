@@ -85,10 +85,13 @@ def stands_for(arm: str, scope: str, finetune_steps: int | None) -> frozenset[st
     return frozenset(wild)
 
 
-def group_text(values: dict, wild: frozenset) -> str:
-    """A comparison group as its tag: `axis=value` for every grouped axis, in declaration order, `*` where the run
-    stands for every value."""
-    return ";".join(f"{a}={ANY if a in wild else values[a]}" for a in grouped())
+def group_text(values: dict, wild: frozenset, axes: tuple[str, ...] | None = None) -> str:
+    """A comparison group as its tag: `axis=value` for every grouped axis (`axes`, default all, in declaration
+    order), the value as the run's tags read it back (the scale: the cell), `*` where the run stands for every
+    value. The plan stamps it; the report writes runs.csv's group column with it."""
+    def text(a):
+        return ANY if a in wild else str(values[a]) if a == "scale" else BY_NAME[a].to_tag(values[a])
+    return ";".join(f"{a}={text(a)}" for a in (axes or grouped()))
 
 
 def read_group(text: str) -> tuple[tuple[str, ...], frozenset] | None:
@@ -125,16 +128,30 @@ class PruneRun(Recovery, PruneData):
 # that do not prune). The one compatibility rule: it keeps every shipped sweep's keys, and a field added anywhere
 # later (on the unit, a config or the prune settings) enters the key as soon as a sweep sets it, with no list to edit.
 _NOT_HASHED = frozenset(a.name for a in AXES if a.key == "derived")
-_FIRST_KEYED: dict[str, frozenset] = {k: frozenset(v.split()) for k, v in {
+_FIRST_KEYED: dict[object, frozenset] = {k: frozenset(v.split()) for k, v in {
     "Unit": "stage arm scale family seed model train data corpus_hash heads method ratio scope schedule plan "
             "dense_key calibration_batches curve curve_batches lr_source",
-    "ModelConfig": "family d_model n_layers n_heads head_dim d_ff vocab_size max_seq_len heads_per_layer",
-    "TrainConfig": "steps batch_size seq_len lr warmup_steps schedule min_lr_ratio weight_decay grad_clip betas "
-                   "precision seed val_every val_batches eval_batches mlm_probability",
-    "DataConfig": "source shift tokenizer bpe_vocab_size val_fraction calibration_fraction eval_fraction text_column",
-    "PrunePlan": "step finetune_steps finetune_lr finetune_lr_grid method ratio scope schedule seed",
-    "ProbeRun": "every method batches redundancy tolerance",
-    "DistillSpec": "temperature lm_weight"}.items()}
+    ModelConfig: "family d_model n_layers n_heads head_dim d_ff vocab_size max_seq_len heads_per_layer",
+    TrainConfig: "steps batch_size seq_len lr warmup_steps schedule min_lr_ratio weight_decay grad_clip betas "
+                 "precision seed val_every val_batches eval_batches mlm_probability",
+    DataConfig: "source shift tokenizer bpe_vocab_size val_fraction calibration_fraction eval_fraction text_column",
+    PrunePlan: "step finetune_steps finetune_lr finetune_lr_grid method ratio scope schedule seed",
+    ProbeRun: "every method batches redundancy tolerance",
+    DistillSpec: "temperature lm_weight"}.items()}
+
+
+def _first_layout(unit) -> list[tuple[str, object, object]]:
+    """The unit's (field, value, default) in the layout keys were first hashed in: its own fields but the derived
+    ones and `prune`; then the prune settings' data fields at the top (PruneRun's defaults on a unit that does not
+    prune) and the rest as `plan`, a PrunePlan."""
+    default = lambda f: (f.default if f.default is not MISSING else
+                         f.default_factory() if f.default_factory is not MISSING else MISSING)
+    r = unit.prune or PruneRun()
+    items = [(f.name, getattr(unit, f.name), default(f)) for f in fields(unit)
+             if f.name not in _NOT_HASHED and f.name != "prune"]
+    items += [(n, getattr(r, n), f.get_default(call_default_factory=True))
+              for n, f in type(r).model_fields.items() if n not in PrunePlan.model_fields]
+    return items + [("plan", unit.plan, None)]
 
 
 def _kept(items, first: frozenset) -> dict:
@@ -145,7 +162,7 @@ def _kept(items, first: frozenset) -> dict:
 
 def _hashed(config: BaseModel) -> dict:
     items = [(n, getattr(config, n), f.get_default(call_default_factory=True)) for n, f in config.model_fields.items()]
-    return _kept(items, _FIRST_KEYED.get(type(config).__name__, frozenset()))
+    return _kept(items, _FIRST_KEYED.get(type(config), frozenset()))
 
 
 _JSON = partial(TypeAdapter(Any).dump_python, mode="json")
@@ -154,7 +171,7 @@ _JSON = partial(TypeAdapter(Any).dump_python, mode="json")
 @dataclass(frozen=True)
 class Unit:
     """One unit of work, holding its validated configs. `to_dict`/`from_dict` are its serialised form: what
-    crosses the Ray boundary, what its key hashes, what a prune trial's metrics.json records."""
+    crosses the Ray boundary and what a prune trial's metrics.json records; `key_body` is what its key hashes."""
 
     stage: str  # lr_search | train | prune
     arm: str  # a name of ARMS (lightning_modules/arms.py); an lr_search unit: the arm whose rate it searches
@@ -233,8 +250,10 @@ class Unit:
         wild = stands_for(self.arm, self.scope, self.finetune_steps) if self.stage != "lr_search" else None
         if wild is None:
             return NONE
-        values = {a: BY_NAME[a].to_tag(BY_NAME[a].value(self)) for a in grouped()}
-        values["scale"] = str(Cell(self.scale, self.budget))
+        # each value as its tag reads back (a control's "none" F or recovery: the axis's default), as the report sees it
+        values = {a: BY_NAME[a].read({BY_NAME[a].tag_name: BY_NAME[a].to_tag(BY_NAME[a].value(self))})
+                  for a in grouped()}
+        values["scale"] = Cell(self.scale, self.budget)
         return group_text(values, wild)
 
     def note(self) -> str:
@@ -282,16 +301,8 @@ class Unit:
         return {k: str(v) for k, v in p.items()}
 
     def key_body(self) -> dict:
-        """What the key hashes (the rule above `_FIRST_KEYED`)."""
-        default = lambda f: (f.default if f.default is not MISSING else
-                             f.default_factory() if f.default_factory is not MISSING else MISSING)
-        r = self.prune or PruneRun()
-        items = [(f.name, getattr(self, f.name), default(f)) for f in fields(self)
-                 if f.name not in _NOT_HASHED and f.name != "prune"]
-        items += [(n, getattr(r, n), f.get_default(call_default_factory=True))
-                  for n, f in type(r).model_fields.items() if n not in PrunePlan.model_fields]
-        items.append(("plan", self.plan, None))
-        return _kept(items, _FIRST_KEYED["Unit"])
+        """What the key hashes: the rule above `_FIRST_KEYED`, in `_first_layout`'s layout."""
+        return _kept(_first_layout(self), _FIRST_KEYED["Unit"])
 
     def to_dict(self) -> dict:
         """The serialised unit: every field, by pydantic from the dataclass's own declarations (JSON-able)."""

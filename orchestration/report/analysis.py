@@ -47,8 +47,9 @@ def eval_sets(runs: list[Run]) -> list[str]:
 
 
 def by_scale(groups: dict) -> list:
-    """Items of a dict keyed by (scale, ...) tuples, scales in preset order."""
-    return sorted(groups.items(), key=lambda kv: (scale_rank(kv[0][0]), kv[0]))
+    """Items of a dict keyed by groups (their `scale`, by name) or (scale, ...) tuples, scales in preset order."""
+    scale = lambda k: getattr(k, "scale", None) or k[0]  # noqa: E731
+    return sorted(groups.items(), key=lambda kv: (scale_rank(scale(kv[0])), kv[0]))
 
 
 def by_seed(runs: list[Run], key_of) -> dict:

@@ -14,10 +14,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lightning_modules.config import HeadroomInputError
-from orchestration.design.axes import AXES, BY_NAME, grouped, read_tags
+from orchestration.design.axes import AXES, grouped, read_tags
 from orchestration.design.plan import expected_names
 from orchestration.design.schema import Sweep
-from orchestration.design.unit import ANY, NONE, PLAN_FILE, SCORES_FILE, WINDOWS_FILE, Cell, read_group, stands_for
+from orchestration.design.unit import (
+    NONE,
+    PLAN_FILE,
+    SCORES_FILE,
+    WINDOWS_FILE,
+    Cell,
+    group_text,
+    read_group,
+    stands_for,
+)
 from orchestration.running import metrics as M
 from orchestration.running.runstore import mlflow_client, search_runs
 
@@ -185,7 +194,7 @@ def runs_table(runs: list[Run]):
     params = sorted({k for r in runs for k in r.params})
     rows = []
     for r in runs:
-        row = {"run_id": r.run_id, "name": r.name, "cell": r.scale, **read_tags(r.tags), "group": group_text(r)}
+        row = {"run_id": r.run_id, "name": r.name, "cell": r.scale, **read_tags(r.tags), "group": run_group(r)}
         row.update({m: r.metrics.get(m) for m in metrics})
         row.update({f"param/{p}": r.params.get(p) for p in params})
         rows.append(row)
@@ -199,11 +208,10 @@ def write_runs_csv(runs: list[Run], path: Path) -> Path:
     return path
 
 
-def group_text(r: Run) -> str:
+def run_group(r: Run) -> str:
     """The run's comparison group as the report pools it (its headroom.group tag, or the plan's rule for runs
     logged before the tag): `axis=value;…`, `*` where it stands for every value; "none" outside every group."""
     if r.group is None:
         return NONE
     names, wild = r.group
-    return ";".join(f"{a}={ANY if a in wild else r.scale if a == 'scale' else BY_NAME[a].to_tag(getattr(r, a))}"
-                    for a in names)
+    return group_text({a: getattr(r, a) for a in names}, wild, names)

@@ -27,7 +27,7 @@ from lightning_modules.checkpoints import checkpoint_info
 from lightning_modules.config import HeadroomInputError
 from lightning_modules.prepared import DataIdentity, data_identity, prepare
 from orchestration.design import plan as plan_module
-from orchestration.design.plan import Plan, build_plan, lr_candidate, pretrained_units
+from orchestration.design.plan import Plan, build_plan, lr_candidate, plan_record, pretrained_units
 from orchestration.design.preflight import plan_rows
 from orchestration.design.resources import concurrency, ddp_trials, trial_bundle, trial_resources
 from orchestration.design.schema import Sweep
@@ -343,6 +343,7 @@ class Sweeper:
         model_dir = str(Path(info.model_dir).resolve())
         ident = checkpoint_id(model_dir)
         units = pretrained_units(self.sweep, self.sweep.families[0], ident, info.layer_heads, corpus_hash)
+        self.tracker.log_plan(plan_record(units, [u.name for u in units], corpus_hash))
         self.prune(units, lambda u: model_dir)
 
     # ------------------------------------------------------------------------------------------- report
