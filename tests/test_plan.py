@@ -394,7 +394,8 @@ def test_scratch_b_counts_every_candidate_fine_tune():
 def test_the_group_the_plan_stamps_is_the_group_the_report_pools():
     """Every pruned unit and control of the shipped sweeps: its headroom.group tag, read back as a report's run,
     is the group the report pools it in (runs.csv's column), value for value — a Scratch-B of a single F says
-    recovery=lm (or distill) like its pruned groups, never the recovery tag's "none" — and dense runs are in no group."""
+    recovery=lm (or distill) like its pruned groups, never the recovery tag's "none" — and dense runs are in no
+    group."""
     from orchestration.design.plan import build_plan
     from orchestration.design.spec import load_sweep
     from orchestration.report import Run
