@@ -47,6 +47,7 @@ class Method:
     options: Mapping = field(default_factory=dict)
     description: str = ""
     memory: Callable[[object, int, int, bool], int] = backward_memory
+    standardize: bool = False  # scope global: its scores z-scored per layer before one threshold ranks them (FLAP)
 
     def __post_init__(self):
         if not callable(self.memory):
@@ -132,7 +133,7 @@ _LLM = "lightning_modules.scoring_llm:"
 TAYLOR_PASSES = 2.2
 register_method(Method("activation", _LLM + "score_activation", _fixed(1), memory=forward_memory,
                        description="Minitron: the L2 norm over a head's channels of its output's mean magnitude"))
-register_method(Method("flap", _LLM + "score_flap", _fixed(1), memory=forward_memory,
+register_method(Method("flap", _LLM + "score_flap", _fixed(1), memory=forward_memory, standardize=True,
                        description="FLAP: the fluctuation of a head's output channels, weighted by their weights"))
 register_method(Method("wanda_sp", _LLM + "score_wanda_sp", _fixed(1), memory=forward_memory,
                        description="structured Wanda: |W| times the input norm, summed over a head's channels"))

@@ -20,7 +20,7 @@ from .heads import attention_modules, head_gate, keep_mask, prune_heads
 from .lm import HeadroomLM, eval_record, evaluate
 from .models import count_parameters
 from .prune_plan import DEFAULT_CALIBRATION_BATCHES, PrunePlan, check_ratio_fits
-from .scoring import LossFn, default_loss, score_heads
+from .scoring import LossFn, default_loss, ranked, score_heads
 from .train import TrainClock, build_trainer, fit
 
 CURVE_RATIOS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 0.9
@@ -79,7 +79,7 @@ def select_heads(model, calibration: Iterable[dict], plan: PrunePlan, loss_fn: L
         scores = score_heads(model, batches, plan.method, loss_fn=loss_fn, **opts)
         if on_score:
             on_score(0, scores)
-        return heads_to_keep(scores, heads, plan.ratio, plan.scope), scores
+        return heads_to_keep(ranked(scores, plan.method, plan.scope), heads, plan.ratio, plan.scope), scores
     check_ratio_fits(heads, plan.ratio, plan.scope)
     removed = torch.zeros(len(heads), max(heads), dtype=torch.bool)
     first, r, i = None, 0.0, 0
@@ -90,7 +90,7 @@ def select_heads(model, calibration: Iterable[dict], plan: PrunePlan, loss_fn: L
         first = scores if first is None else first
         if on_score:
             on_score(i, scores)
-        keep = heads_to_keep(scores, heads, r, plan.scope, removed=removed)
+        keep = heads_to_keep(ranked(scores, plan.method, plan.scope), heads, r, plan.scope, removed=removed)
         removed = keep_mask(keep, heads) == 0
         removed &= ~torch.isnan(scores)
         i += 1

@@ -308,6 +308,21 @@ def score_l0(model, batches, loss_fn, mask=None, steps: int = 150, lam: float = 
     return _finish(l0_open_probability(log_alpha), valid)
 
 
+def ranked(scores: torch.Tensor, method: str, scope: str) -> torch.Tensor:
+    """The scores a selection ranks: as scored, or — a method declared `standardize` (FLAP), pruned globally —
+    z-scored within each layer (mean 0, population SD 1 over its heads; a layer of equal scores: all 0), so that
+    layers whose scores live on different scales share one threshold."""
+    if scope != "global" or not get_method(method).standardize:
+        return scores
+    out = scores.clone()
+    for l in range(scores.shape[0]):
+        ok = ~torch.isnan(scores[l])
+        v = scores[l, ok].double()
+        sd = v.std(unbiased=False)
+        out[l, ok] = ((v - v.mean()) / sd if sd > 0 else torch.zeros_like(v)).to(scores.dtype)
+    return out
+
+
 def score_heads(model, calibration: Iterable[dict], method: str, *, loss_fn: LossFn | None = None,
                 mask: torch.Tensor | None = None, **options) -> torch.Tensor:
     """Importance of every head, [layers, heads], higher = more important (NaN where a layer has fewer heads).

@@ -236,7 +236,7 @@ NO_TORCH = ("import sys; from orchestration.cli import main; rc = main(sys.argv[
 def test_bad_input_one_line_exit_2(xs_decoder_run, tiny_checkpoints, tmp_path):
     one = tiny_checkpoints / "one-head"
     cases = {
-        "unknown method": (["prune", xs_decoder_run, "--method", "taylor", "--ratio", "0.5"], True),
+        "unknown method": (["prune", xs_decoder_run, "--method", "nonesuch", "--ratio", "0.5"], True),
         "ratio 1.0": (["prune", xs_decoder_run, "--method", "gradient", "--ratio", "1.0"], True),
         "negative ratio": (["prune", xs_decoder_run, "--method", "gradient", "--ratio", "-0.1"], True),
         "ratio empties a layer": (["prune", one, "--method", "gradient", "--ratio", "0.5"], True),

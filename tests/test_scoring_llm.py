@@ -220,3 +220,48 @@ def test_a_masked_head_reads_zero_and_the_declared_passes_match_torchs_flop_coun
         measured = count(lambda: score_heads(model, batches, m)) / fwd
         declared = get_method(m).passes(8, 256, 256, {})
         assert measured == pytest.approx(declared, rel=0.06), (m, measured, declared)
+
+
+def test_flap_ranks_globally_on_per_layer_z_scores_and_the_others_on_their_scores():
+    """FLAP prunes globally on scores standardised within each layer: a layer whose raw scores are 100× larger
+    keeps no more heads for it. By hand: layer 0 [1, 2, 3, 4]·100, layer 1 [1, 2, 3, 4] have equal z-scores
+    (−1.342, −0.447, 0.447, 1.342), so removing half globally takes the two lowest of each layer; on the raw scores
+    (any other method) it takes three heads of layer 1 (one must stay) and the lowest of layer 0."""
+    from lightning_modules.pruning import heads_to_keep
+    from lightning_modules.scoring import ranked
+
+    raw = torch.tensor([[100.0, 200.0, 300.0, 400.0], [1.0, 2.0, 3.0, 4.0]])
+    z = ranked(raw, "flap", "global")
+    by_hand = torch.tensor([-3, -1, 1, 3], dtype=torch.float64) / 5**0.5
+    assert torch.allclose(z.double(), by_hand.repeat(2, 1), atol=1e-6)
+    assert torch.equal(ranked(raw, "flap", "per_layer"), raw) and torch.equal(ranked(raw, "gradient", "global"), raw)
+    assert [sorted(k) for k in heads_to_keep(z, [4, 4], 0.5, "global")] == [[2, 3], [2, 3]]
+    assert [sorted(k) for k in heads_to_keep(raw, [4, 4], 0.5, "global")] == [[1, 2, 3], [3]]
+
+
+def test_the_methods_sweep_plans_every_scorer_and_charges_its_scoring(capsys):
+    """`--plan` of sweeps/methods.yaml: a prune row per method, ratio, scope and seed, and each method's estimate
+    exceeds random's (which reads no data) by its declared passes × the calibration tokens × the dense model's
+    forward FLOPs per token, by hand."""
+    import json
+
+    from conftest import ROOT
+
+    from lightning_modules.methods import get_method
+    from orchestration.cli import main
+
+    assert main(["sweep", str(ROOT / "sweeps" / "methods.yaml"), "--plan", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    dense = next(r for r in rows if r["arm"] == "dense")
+    prunes = [r for r in rows if r["stage"] == "prune"]
+    methods = sorted({r["method"] for r in prunes})
+    assert {"activation", "flap", "wanda_sp", "taylor", "gradient", "random"} <= set(methods)
+    assert len(prunes) == len(methods) * 3 * 2 * 3  # ratios × scopes × seeds
+    calib_tokens = 16 * 16 * 128  # calibration_batches × batch × seq_len
+    for m in methods:
+        for scope in ("per_layer", "global"):
+            row = lambda meth: next(r for r in prunes if (r["method"], r["scope"], r["ratio"], r["seed"]) == (
+                meth, scope, 0.5, 0))  # noqa: E731
+            passes = get_method(m).passes(sum(dense["heads"]), 16 * 128, calib_tokens, get_method(m).options)
+            assert row(m)["est_flops"] - row("random")["est_flops"] == pytest.approx(
+                passes * calib_tokens * dense["flops_per_token"], rel=1e-6, abs=2), (m, scope)
