@@ -190,7 +190,7 @@ class Campaign:
                 return {}
             p = self.rng.choice(procs)
             t = time.time()
-            detail = " ".join(p.info["cmdline"][:1])
+            detail = " ".join(p.cmdline()[:1])
             os.kill(p.pid, signal.SIGKILL)
         elif kind == "driver":
             procs = self._drivers()
