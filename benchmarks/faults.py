@@ -42,9 +42,7 @@ from stack import ROOT, Stack, missing  # noqa: E402
 from orchestration.running.runstore import mlflow_client  # noqa: E402
 
 KINDS = ("worker", "driver", "mlflow", "postgres", "s3")
-# CI: three kinds. A driver kill and resume costs a minute (test_resume.py has one), an MLflow restart about 50 s
-# of stalled progress (the full campaign has them, docs/benchmarks.md gives its numbers)
-TINY = ("worker", "postgres", "s3")
+TINY = ("worker", "postgres", "s3")  # CI's: a driver kill costs a minute (test_resume.py has one), MLflow 50 s
 PROGRESS = re.compile(r"^\[headroom\]\s+\d+/\d+ ", re.MULTILINE)  # the driver's line per finished trial
 STEPPED = ("train/loss", "train/lr", "val/loss", "val/ppl")
 ARTIFACTS = {"prune": {"scores.json", "scores.png", "metrics.json"}, "train": {"metrics.json"}}
@@ -91,13 +89,14 @@ class Campaign:
     def submit(self, resume: bool) -> str:
         ray = self.stack.ray
         sid = f"faults-{len(self.jobs)}-{secrets.token_hex(3)}"
-        for _ in range(24):  # a loaded head's job agent may not be up yet: Ray answers "try again later"
+        deadline = time.time() + 900  # a loaded head's job agent may take minutes to come up: "try again later"
+        while True:
             r = ray.ray("job", "submit", "--address", ray.dashboard, "--submission-id", sid, "--no-wait",
                         "--working-dir", str(ROOT), "--", *self._entry(resume), timeout=300)
-            if r.returncode == 0 or "No available agent" not in r.stderr:
+            if r.returncode == 0 or "No available agent" not in r.stderr or time.time() > deadline:
                 break
             time.sleep(5)
-        if r.returncode != 0:
+        if r.returncode != 0:  # still no agent after the deadline, or another refusal
             raise RuntimeError(f"ray job submit failed: {r.stderr[-2000:]}")
         self.jobs.append(sid)
         self.say(f"[faults] submitted {sid}{' (--resume)' if resume else ''}")
