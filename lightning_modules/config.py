@@ -320,6 +320,17 @@ def heads_removed(n_heads: int, ratio: float) -> int:
     return math.floor(ratio * n_heads + 0.5)
 
 
+def kept_counts(layer_heads: list[int], ratio: float, scope: str) -> tuple[list[int] | None, int]:
+    """How many heads a prune keeps — decided here once, for the pruner (pruning.heads_to_keep) and the plan's rows
+    alike: (per layer, or None for a global prune, whose scores choose the layers; the total). per_layer: layer l
+    keeps n_l − round(ratio·n_l), at least one. global: round(ratio·N) heads go, but never a layer's last."""
+    if scope == "per_layer":
+        kept = [max(1, n - heads_removed(n, ratio)) for n in layer_heads]
+        return kept, sum(kept)
+    total = sum(layer_heads)
+    return None, total - min(heads_removed(total, ratio), total - len(layer_heads))
+
+
 def heads_kept(n_heads: int, ratio: float) -> int:
     """Heads left after removing a fraction `ratio` of H: H − round(ratio·H). At least one must stay."""
     if not 0 <= ratio < 1:

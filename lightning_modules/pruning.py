@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from .config import HeadroomInputError, TrainConfig, heads_removed
+from .config import HeadroomInputError, TrainConfig, kept_counts
 from .distill import DistillSpec, recovery_loss, recovery_record
 from .families import layer_heads, layer_shapes
 from .heads import attention_modules, head_gate, keep_mask, prune_heads
@@ -45,14 +45,13 @@ def heads_to_keep(scores: torch.Tensor, heads: list[int], ratio: float, scope: s
     if not clamp:
         check_ratio_fits(heads, ratio, scope)
     keep: list[list[int]] = []
+    per_layer, total_kept = kept_counts(heads, ratio, scope)
     if scope == "per_layer":
-        for l, n in enumerate(heads):
-            k = max(1, n - heads_removed(n, ratio))
+        for l, (n, k) in enumerate(zip(heads, per_layer)):
             order = sorted(range(n), key=lambda h: (s[l, h].item(), h))
             keep.append(sorted(order[n - k:]))
         return keep
-    total = sum(heads)
-    n_remove = min(heads_removed(total, ratio), total - L)
+    n_remove = sum(heads) - total_kept
     order = sorted((s[l, h].item(), l, h) for l in range(L) for h in range(heads[l]))
     left = list(heads)
     gone = set()
@@ -116,10 +115,7 @@ def curve_points(heads: list[int], scope: str = "per_layer", nominal=CURVE_RATIO
     total = sum(heads)
     seen, out = set(), []
     for r in nominal:
-        if scope == "per_layer":
-            removed = sum(min(heads_removed(n, r), n - 1) for n in heads)
-        else:
-            removed = min(heads_removed(total, r), total - len(heads))
+        removed = total - kept_counts(heads, r, scope)[1]
         if removed in seen:
             continue
         seen.add(removed)

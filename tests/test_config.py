@@ -129,3 +129,16 @@ def test_param_counts_match_built_models(family, scale, heads, head_dim, per_lay
     assert count_parameters(model) == param_counts(cfg).total
     assert count_parameters(model, embeddings=False) == param_counts(cfg).non_embedding < param_counts(cfg).total
     assert layer_heads(model) == cfg.layer_heads
+
+
+def test_kept_counts_by_hand():
+    """How many heads a prune keeps, decided once for the pruner, the prune curve and --plan's rows: per layer
+    n − round(ratio·n), never below one; globally round(ratio·N) go, never a layer's last."""
+    from lightning_modules.config import kept_counts
+
+    assert kept_counts([8, 8], 0.5, "per_layer") == ([4, 4], 8)
+    assert kept_counts([8, 6], 0.25, "per_layer") == ([6, 4], 10)  # round(1.5) = 2 (halves up)
+    assert kept_counts([1, 4], 0.5, "per_layer") == ([1, 2], 3)  # a one-head layer keeps its head
+    assert kept_counts([3, 1], 0.5, "global") == (None, 2)  # 2 of 4 go
+    assert kept_counts([1, 1], 0.5, "global") == (None, 2)  # each layer's last head stays
+    assert kept_counts([8, 8], 0.75, "global") == (None, 4)

@@ -22,7 +22,7 @@ from lightning_modules.config import (
     ModelConfig,
     TrainConfig,
     check_compatible,
-    heads_removed,
+    kept_counts,
 )
 from lightning_modules.prune_plan import PrunePlan
 
@@ -224,7 +224,7 @@ def plan_rows(sweep_plan: Plan) -> list[PlanRow]:
         d_model, t = u.model, u.train
         _, fwd_dense = _build(u.name, d_model, t)
         plan = u.plan
-        heads, total = _kept(d_model, plan)
+        heads, total = kept_counts(list(d_model.layer_heads), plan.ratio, plan.scope)
         pruned = d_model.with_heads(heads if heads is not None else
                                     spread_heads(total, d_model.n_layers, d_model.n_heads))
         params, fwd = _build(u.name, pruned, t)
@@ -251,16 +251,6 @@ def plan_rows(sweep_plan: Plan) -> list[PlanRow]:
             rows += [_control_row(sweep, c, searched, d_model) for c in sweep_plan.controls_of(u, shape)]
     check_packing(sweep, rows)
     return rows
-
-
-def _kept(model: ModelConfig, plan: PrunePlan) -> tuple[list[int] | None, int]:
-    """(heads kept per layer, or None when the scores choose them; the total kept)."""
-    layer = model.layer_heads
-    if plan.scope == "per_layer":
-        kept = [n - heads_removed(n, plan.ratio) for n in layer]
-        return kept, sum(kept)
-    n = sum(layer)
-    return None, n - min(heads_removed(n, plan.ratio), n - len(layer))
 
 
 def _control_row(sweep: Sweep, u: Unit, searched: bool, dense: ModelConfig) -> PlanRow:
