@@ -412,3 +412,24 @@ def test_the_group_the_plan_stamps_is_the_group_the_report_pools():
             if u.arm == "scratch_b":
                 assert "recovery=none" not in tags["headroom.group"]
     assert {("dense", True), ("pruned", False), ("scratch_e", False), ("scratch_b", False)} <= seen
+
+
+def test_a_run_name_is_each_axis_declared_part():
+    """Run names come from the axes' declarations: an axis registered here with a part of its own puts it before
+    the seed, and takes it away again when unregistered; learning-rate candidates keep their own form."""
+    from orchestration.design.axes import Axis, register_axis, unregister_axis
+    from orchestration.design.plan import build_plan, lr_candidate
+    from orchestration.design.spec import load_sweep
+
+    plan = build_plan(load_sweep(ROOT / "sweeps" / "smoke.yaml")[0], "c")
+    pruned = plan.pruned[0]
+    before = pruned.name
+    assert before.endswith(f"-s{pruned.seed}") and before.startswith(f"{pruned.scale}-")
+    register_axis(Axis("widget", "", in_name=lambda u: "wX"))
+    try:
+        assert pruned.name == before[: -len(f"-s{pruned.seed}")] + f"-wX-s{pruned.seed}"
+    finally:
+        unregister_axis("widget")
+    assert pruned.name == before
+    cand = lr_candidate(plan.lr_search[0], 1e-3)
+    assert cand.name.startswith(f"{cand.scale}-{cand.family}-lr-") and cand.name.endswith("1.00e-03")

@@ -43,7 +43,8 @@ class Axis:
     not hash from the start only when it differs from its default) or "derived" (never hashed: other fields
     decide it). `sweep_field`: where a sweep file sets it ("" when the plan derives it). `groups`: the
     report's comparisons pool runs that share it (a pruned arm's cell and its controls are grouped by every such
-    axis, in declaration order; the seed pairs them)."""
+    axis, in declaration order; the seed pairs them). `in_name(unit)`: the part of the unit's run name it writes
+    (RUN_NAME orders the parts)."""
 
     name: str
     sweep_field: str
@@ -54,6 +55,7 @@ class Axis:
     key: str = "hashed"
     get: Callable | None = None
     groups: bool = False
+    in_name: Callable | None = None  # its part of a unit's run name (None: no part, or none for this unit)
 
     @property
     def tag_name(self) -> str:
@@ -69,36 +71,43 @@ class Axis:
 
 AXES: list[Axis] = [  # declaration order; register_axis adds one (a test, or a study of its own)
     Axis("stage", ""),  # lr_search | train | prune | controls (a global prune's controls train in "train" units)
-    Axis("arm", "controls"),
-    Axis("scale", "scales", groups=True),  # the report's scale is the cell: with its budget when a scale lists several
-    Axis("family", "family", groups=True),
+    Axis("arm", "controls", in_name=lambda u: u.arm),
+    Axis("scale", "scales", groups=True, in_name=lambda u: u.scale),  # the report's scale is the cell: with its budget when a scale lists several
+    Axis("family", "family", groups=True, in_name=lambda u: u.family),
     Axis("heads", "scales.<scale>.heads"),
-    Axis("ratio", "prune.ratios", None, to_tag=_num_or_none, from_tag=_float(None), groups=True),
-    Axis("method", "prune.methods", groups=True),
-    Axis("scope", "prune.scope", groups=True),
-    Axis("schedule", "prune.schedule", groups=True),
-    Axis("seed", "seeds", 0, from_tag=int),
+    Axis("ratio", "prune.ratios", None, to_tag=_num_or_none, from_tag=_float(None), groups=True,
+         in_name=lambda u: None if u.ratio is None else f"r{u.ratio:g}"),
+    Axis("method", "prune.methods", groups=True, in_name=lambda u: None if u.method == NONE else u.method),
+    Axis("scope", "prune.scope", groups=True, in_name=lambda u: "global" if u.scope == "global" else None),
+    Axis("schedule", "prune.schedule", groups=True,
+         in_name=lambda u: "iter" if u.schedule == "iterative" else None),
+    Axis("seed", "seeds", 0, from_tag=int, in_name=lambda u: f"s{u.seed}"),
     Axis("key", "", key="derived"),
     # the dense budget T of a scale that lists several (None: one); its tag keeps its first name
     Axis("budget", "scales.<scale>.steps", None, tag="steps", to_tag=_int_or_none, from_tag=_int_or(None),
-         key="derived"),
+         key="derived", in_name=lambda u: None if u.budget is None else f"T{u.budget}"),
     # prune units: the fraction of T at which heads are removed (1: the trained model); "none" on other units
     Axis("prune_at", "prune.at", 1.0, to_tag=_num_or_none, from_tag=_float(1.0),
-         get=lambda u: u.prune_at if u.stage == "prune" else None),
+         get=lambda u: u.prune_at if u.stage == "prune" else None,
+         in_name=lambda u: None if u.prune_at == 1.0 else f"at{u.prune_at:g}"),
     # the recovery budget F: a prune unit's own; a budget-matched control's when the sweep lists several F ("none":
     # it stands for every F)
     Axis("finetune_steps", "prune.finetune_steps", None, to_tag=_int_or_none, from_tag=_int_or(None),
          get=lambda u: u.prune.finetune_steps if u.stage == "prune" else u.finetune_steps,
-         groups=True),
+         groups=True, in_name=lambda u: None if u.finetune_steps is None else f"F{u.finetune_steps}"),
     # the recovery objective (lm | distill) of a prune unit, or of the pruned arm a control's budget is matched to
     Axis("recovery", "prune.recovery", "lm", groups=True,
          get=lambda u: u.recovery if u.stage == "prune" or u.finetune_steps is not None or u.recovery != "lm"
-         else NONE),
+         else NONE, in_name=lambda u: "kd" if u.recovery != "lm" else None),
     # the comparison group a pruned run or a control belongs to: the values of every grouped axis, "*" where the
     # run stands for every value (decided by the plan, orchestration/design/unit.py: comparison_group); "none" on others
     Axis("group", "", key="derived", get=lambda u: u.comparison_group()),
 ]
 BY_NAME = {a.name: a for a in AXES}
+# the order of a run name's parts (each axis's `in_name`): what the MLflow UI sorts by; register_axis puts a new
+# axis's part before the seed
+RUN_NAME = ["scale", "family", "budget", "arm", "method", "ratio", "scope", "schedule", "prune_at", "finetune_steps",
+            "recovery", "seed"]
 
 
 def grouped() -> tuple[str, ...]:
@@ -113,11 +122,20 @@ def register_axis(a: Axis, before: str = "key") -> Axis:
         raise ValueError(f"axis {a.name!r} is declared already")
     AXES.insert(next(i for i, x in enumerate(AXES) if x.name == before), a)
     BY_NAME[a.name] = a
+    if a.in_name is not None:
+        RUN_NAME.insert(RUN_NAME.index("seed"), a.name)
     return a
 
 
 def unregister_axis(name: str) -> None:
     AXES.remove(BY_NAME.pop(name))
+    if name in RUN_NAME:
+        RUN_NAME.remove(name)
+
+
+def run_name(unit) -> str:
+    """A unit's run name: each axis's part, in RUN_NAME's order."""
+    return "-".join(p for p in (BY_NAME[a].in_name(unit) for a in RUN_NAME) if p is not None)
 
 
 def tags_of(unit) -> dict[str, str]:

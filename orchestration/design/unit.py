@@ -19,7 +19,7 @@ from lightning_modules.arms import ARMS
 from lightning_modules.config import SCALES, DataConfig, ModelConfig, TrainConfig
 from lightning_modules.prune_plan import DistillSpec, PruneData, PrunePlan, Recovery
 
-from .axes import AXES, BY_NAME, grouped, tags_of
+from .axes import AXES, BY_NAME, grouped, run_name, tags_of
 from .schema import ProbeSpec
 
 NONE = "none"
@@ -217,29 +217,11 @@ class Unit:
 
     @property
     def name(self) -> str:
-        """Run name: what the MLflow UI lists, sortable by scale, family, arm, method, ratio, seed."""
-        parts = [self.scale, self.family, self.arm]
+        """Run name: what the MLflow UI lists, sortable by scale, family, arm, method, ratio, seed — each axis's
+        declared part (axes.run_name); a learning-rate candidate names its architecture and rate."""
         if self.stage == "lr_search":
-            parts = [self.scale, self.family, "lr", arch_key(self.model), f"{self.train.lr:.2e}"]
-        else:
-            if self.budget is not None:
-                parts.insert(2, f"T{self.budget}")
-            if self.method != NONE:
-                parts.append(self.method)
-            if self.ratio is not None:
-                parts.append(f"r{self.ratio:g}")
-            if self.scope == "global":
-                parts.append("global")
-            if self.schedule == "iterative":
-                parts.append("iter")
-            if self.prune_at != 1.0:
-                parts.append(f"at{self.prune_at:g}")
-            if self.finetune_steps is not None:
-                parts.append(f"F{self.finetune_steps}")
-            if self.recovery != "lm":
-                parts.append("kd")
-            parts.append(f"s{self.seed}")
-        return "-".join(parts)
+            return "-".join([self.scale, self.family, "lr", arch_key(self.model), f"{self.train.lr:.2e}"])
+        return run_name(self)
 
     def tags(self) -> dict[str, str]:
         return tags_of(self)
