@@ -35,7 +35,6 @@ def _inputs(model, batches, loss_fn, mask, on_batch) -> None:
     output-projection input (gated by `mask` when given)."""
     fam = family_of(model)
     gate, dev = head_gate(model), _device(model)  # the gate's pre-hook first: the input is read after it
-    L = len(fam.attentions(model))
     if mask is not None:
         gate.set(mask.to(dev))
     hooks = [fam.out_proj(a).register_forward_pre_hook(lambda m, args, l=l: on_batch(l, args[0].detach().float()))
@@ -48,7 +47,6 @@ def _inputs(model, batches, loss_fn, mask, on_batch) -> None:
         for h in hooks:
             h.remove()
         gate.clear()
-    assert L == len(hooks)
 
 
 def _per_head(channel: list[torch.Tensor], model, reduce) -> torch.Tensor:
