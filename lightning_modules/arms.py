@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from .config import SCALES, HeadroomInputError, ModelConfig, model_config_for, wide_head_dim
-from .costs import scratch_b_steps, scratch_kd_steps
+from .costs import arm_flops_per_token, scratch_b_steps, scratch_kd_steps
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,11 @@ class Shape:
 
 @dataclass(frozen=True)
 class Budget:
-    """What a control's training steps derive from: the dense model and its T steps, the control's own model, and
-    the steps the pruned arm trains at its pruned size in recovery (every candidate fine-tune)."""
+    """The pruned arm as the plan counts it, which a control's training steps derive from: the dense model and the
+    steps the arm trains it (T, or p·T when it prunes during training), the pruned model (the control's own), the
+    steps the arm trains at its pruned size (every candidate fine-tune of its recovery; the rest of T after a prune
+    during training apart), its recovery objective and its head scoring (orchestration/design/plan.pruned_arm). The
+    controls are planned for a prune of the trained model (no continued steps)."""
 
     dense: ModelConfig
     model: ModelConfig
@@ -43,7 +46,13 @@ class Budget:
     recovery_steps: int
     seq_len: int
     recovery: str = "lm"  # the pruned arm's recovery objective: "distill" adds the teacher's forward passes
-    scoring: float = 0.0  # the pruned arm's head-scoring FLOPs ÷ the tokens of one training step
+    scoring_passes: float = 0.0  # the pruned arm's head scoring, in dense forward passes per training-step token
+    continued_steps: int = 0  # a prune during training: the steps from p·T to T at pruned size, before recovery
+
+    def arm_flops_per_token(self, fwd_dense: float, fwd_pruned: float) -> float:
+        """The pruned arm's compute per training-step token, given each model's forward FLOPs per token."""
+        return arm_flops_per_token(fwd_dense, fwd_pruned, self.dense_steps, self.recovery_steps,
+                                   self.recovery == "distill", self.scoring_passes, self.continued_steps)
 
 
 @dataclass(frozen=True)
@@ -134,12 +143,12 @@ def matched_compute(b: Budget) -> int:
     """Scratch-B: the pruned arm's compute (dense T steps, the scoring of its heads, the recovery steps at pruned
     size, with the teacher's forward passes when the recovery distils)."""
     return scratch_b_steps(b.dense, b.model, b.dense_steps, b.recovery_steps, b.seq_len, b.recovery == "distill",
-                           b.scoring)
+                           b.scoring_passes)
 
 
 def matched_distilled_compute(b: Budget) -> int:
     """scratch_kd: the distilled pruned arm's training FLOPs, each of its own steps paying a teacher pass."""
-    return scratch_kd_steps(b.dense, b.model, b.dense_steps, b.recovery_steps, b.seq_len, b.scoring)
+    return scratch_kd_steps(b.dense, b.model, b.dense_steps, b.recovery_steps, b.seq_len, b.scoring_passes)
 
 
 # ---------------------------------------------------------------------------------------------- the arms

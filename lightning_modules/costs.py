@@ -85,34 +85,47 @@ def teacher_flops_per_token(dense: ModelConfig, seq_len: int) -> int:
     return flops_per_token(dense, seq_len).total
 
 
+def arm_flops_per_token(fwd_dense: float, fwd_pruned: float, dense_steps: int, recovery_steps: int,
+                        distill: bool = False, scoring_passes: float = 0.0, continued_steps: int = 0) -> float:
+    """The pruned arm's compute per token of one training step, from the forward FLOPs per token of the dense
+    (`fwd_dense`) and pruned (`fwd_pruned`) models: T steps at dense size, the scoring of its heads
+    (`scoring_passes`: forward passes of the dense model per training-step token, methods.scoring_passes), then the
+    recovery steps at pruned size, each with the teacher's forward pass when the recovery distils, and after a prune
+    during training the `continued_steps` at pruned size that finish the dense schedule (language-model loss):
+    3·T·C_dense + S·C_dense + R·(3·C_pruned + [distill] C_dense) + 3·K·C_pruned. Evaluation is not counted. The
+    one formula: the controls' budgets (with the config's counts) and `--plan`'s rows (with the built modules'
+    counts) both use it."""
+    per_recovery = 3 * fwd_pruned + (fwd_dense if distill else 0)
+    return dense_steps * 3 * fwd_dense + scoring_passes * fwd_dense + recovery_steps * per_recovery \
+        + continued_steps * 3 * fwd_pruned
+
+
 def pruned_arm_flops_per_token(dense: ModelConfig, pruned: ModelConfig, dense_steps: int, recovery_steps: int,
-                               seq_len: int, distill: bool = False, scoring: float = 0.0) -> float:
-    """The pruned arm's compute, per token of one training step: T steps at dense size, the scoring of its heads
-    (`scoring`: the method's FLOPs, methods.scoring_flops, ÷ the tokens of one training step), then the recovery
-    steps at pruned size, each with the teacher's forward pass when the recovery distils:
-    T·C_dense + S + R·(C_pruned + [distill] C_dense/3). Evaluation is not counted."""
-    per_recovery = train_flops_per_token(pruned, seq_len) + (teacher_flops_per_token(dense, seq_len) if distill else 0)
-    return dense_steps * train_flops_per_token(dense, seq_len) + scoring + recovery_steps * per_recovery
+                               seq_len: int, distill: bool = False, scoring_passes: float = 0.0) -> float:
+    """`arm_flops_per_token` with the config's forward FLOPs of each model (`flops_per_token`)."""
+    return arm_flops_per_token(flops_per_token(dense, seq_len).total, flops_per_token(pruned, seq_len).total,
+                               dense_steps, recovery_steps, distill, scoring_passes)
 
 
 def scratch_b_steps(
     dense: ModelConfig, pruned: ModelConfig, dense_steps: int, finetune_steps: int, seq_len: int,
-    distill: bool = False, scoring: float = 0.0,
+    distill: bool = False, scoring_passes: float = 0.0,
 ) -> int:
     """Steps that give the pruned architecture, trained from scratch, the compute of the whole pruned arm: dense T
     steps at dense size + the scoring of its heads + the recovery steps at pruned size (Liu et al. 2019
     "Scratch-B"; every candidate fine-tune counts: F per rate tried when the rate is chosen on val), the teacher's
     forward passes included when the recovery distils. Tokens per step are equal, so the budget converts to steps
     via FLOPs per token."""
-    budget = pruned_arm_flops_per_token(dense, pruned, dense_steps, finetune_steps, seq_len, distill, scoring)
+    budget = pruned_arm_flops_per_token(dense, pruned, dense_steps, finetune_steps, seq_len, distill,
+                                        scoring_passes)
     return int(round(budget / train_flops_per_token(pruned, seq_len)))
 
 
 def scratch_kd_steps(dense: ModelConfig, pruned: ModelConfig, dense_steps: int, finetune_steps: int,
-                     seq_len: int, scoring: float = 0.0) -> int:
+                     seq_len: int, scoring_passes: float = 0.0) -> int:
     """Steps of the `scratch_kd` control — the pruned architecture from scratch, distilled from the dense teacher
     at every step — that spend the distilled pruned arm's compute (scoring included), each step's teacher pass
     counted: (T·C_dense + S + R·(C_pruned + C_dense/3)) / (C_pruned + C_dense/3)."""
     budget = pruned_arm_flops_per_token(dense, pruned, dense_steps, finetune_steps, seq_len, distill=True,
-                                        scoring=scoring)
+                                        scoring_passes=scoring_passes)
     return int(round(budget / (train_flops_per_token(pruned, seq_len) + teacher_flops_per_token(dense, seq_len))))

@@ -97,6 +97,12 @@ def scoring_flops(name: str, n_heads: int, batch_tokens: int, calibration_tokens
         * fwd_flops_per_token
 
 
+def scoring_passes(name: str, n_heads: int, batch_tokens: int, calibration_tokens: int, rounds: int = 1) -> float:
+    """`scoring_flops` in forward passes of the scored model per token of one training step (`batch_tokens`): the
+    scoring term of the pruned arm's compute (costs.arm_flops_per_token), whatever counts its forward FLOPs."""
+    return scoring_flops(name, n_heads, batch_tokens, calibration_tokens, 1.0, rounds) / batch_tokens
+
+
 # the primary comparison's method (the report's headline; report/analysis.PRIMARY reads it here): the scoring a
 # Scratch-B of per-layer controls, which
 # stands for every method, is charged for (the sweep's first method when it prunes without this one)

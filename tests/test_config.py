@@ -104,6 +104,17 @@ def test_flops_hand_computed():
     assert enc.mlp == 2 * 2 * 4 * 8 and enc.other == 2 * 4 * 10 + 2 * 4 * 4
 
 
+def test_the_pruned_arms_compute_by_hand():
+    """costs.arm_flops_per_token, per training-step token, forward costs 10 (dense) and 4 (pruned): 5 dense steps
+    (3 × 10 each), 2 forward passes of scoring (2 × 10), 3 distilled recovery steps (3 × 4 + a teacher pass of 10
+    each) and 7 continued steps at pruned size without a teacher (3 × 4 each)."""
+    from lightning_modules.costs import arm_flops_per_token
+
+    assert arm_flops_per_token(10, 4, 5, 3, distill=True, scoring_passes=2, continued_steps=7) == \
+        5 * 30 + 2 * 10 + 3 * (12 + 10) + 7 * 12
+    assert arm_flops_per_token(10, 4, 5, 3) == 5 * 30 + 3 * 12
+
+
 def test_scratch_b_steps_hand_computed():
     dense = ModelConfig(**TINY)
     pruned = dense.with_heads(1)

@@ -373,16 +373,18 @@ def test_wide_is_never_wider_than_the_dense_attention(tmp_path):
 def test_scratch_b_counts_every_candidate_fine_tune():
     """The recovery rate chosen on val trains F steps at each of the grid's rates; the pruned arm spent all of
     them, so Scratch-B's budget holds T × dense + |grid| × F × pruned FLOPs (one F when the rate is fixed)."""
-    from lightning_modules.config import model_config_for
+    from lightning_modules.config import model_config_for, train_config_for
     from lightning_modules.costs import train_flops_per_token
-    from orchestration.design.plan import recovery_steps, train_units
+    from orchestration.design.plan import pruned_arm, train_units
     from orchestration.design.spec import parse_sweep
 
     for extra, candidates in (("", 3), (", finetune_lr: 1.0e-3", 1)):
         sweep = parse_sweep(GOOD.replace("methods: [gradient, random]",
                                          f"methods: [gradient], finetune_steps: 25{extra}").replace(
             "[scratch_e]", "[scratch_b]"))
-        assert len(sweep.prune.finetune_lr_grid) == 3 and recovery_steps(sweep, 1e-3, 25) == 25 * candidates
+        dense, t = model_config_for("xs"), train_config_for("xs").model_copy(update={"lr": 1e-3, "steps": 20})
+        arm = pruned_arm(sweep, dense, dense, t, 25, "lm", "gradient")
+        assert len(sweep.prune.finetune_lr_grid) == 3 and arm.recovery_steps == 25 * candidates
         b = next(u for u in train_units(sweep, "-") if u.arm == "scratch_b")
         c_dense = train_flops_per_token(model_config_for("xs"), 32)
         c_small = train_flops_per_token(b.model, 32)

@@ -66,6 +66,31 @@ def test_the_plan_lists_every_recovery_with_matched_compute(tmp_path):
         assert sb[(10, "distill")]["steps"] > sb[(10, "lm")]["steps"] > sb[(4, "lm")]["steps"]
 
 
+def test_a_prune_during_training_counts_its_continued_steps(tmp_path):
+    """Pruned at p = 0.5 of T, the arm trains p·T dense steps, scores, trains the other (1 - p)·T at pruned size,
+    then R recovery steps: `--plan`'s row is the plan's account (plan.unit_arm), by hand from the config formulas;
+    its steps are every step at pruned size. (A distilled recovery with p < 1 is refused by the schema.)"""
+    from lightning_modules.config import model_config_for
+    from lightning_modules.costs import flops_per_token
+    from orchestration.design.spec import parse_sweep
+
+    text = RECOVERY.replace("recovery: [lm, distill]}", "recovery: [lm], at: [0.5, 1]}").replace(", scratch_kd]", "]")
+    sweep = parse_sweep(text)
+    rows = _plan_json(tmp_path, text)
+    T, bt, lrs = 20, 4 * 32, len(sweep.prune.finetune_lr_grid)
+    fwd_d = flops_per_token(model_config_for("xs", vocab_size=rows[0]["vocab_size"]), 32).total
+    fwd_p = flops_per_token(model_config_for("xs", n_heads=4, vocab_size=rows[0]["vocab_size"]), 32).total
+    scoring = 2 * sweep.prune.calibration_batches * fwd_d
+    seen = set()
+    for p in (r for r in rows if r["arm"] == "pruned"):
+        R, at = p["finetune_steps"] * lrs, p["prune_at"]
+        snap = T // 2 if at == 0.5 else T
+        want = bt * (snap * 3 * fwd_d + scoring + (R + T - snap) * 3 * fwd_p)
+        assert p["arm_train_flops"] == want and p["steps"] == R + T - snap, (at, p["finetune_steps"])
+        seen.add(at)
+    assert seen == {0.5, 1.0}
+
+
 def test_units_name_their_recovery_and_single_recovery_sweeps_keep_their_keys():
     from orchestration.design.plan import build_plan
     from orchestration.design.spec import parse_sweep

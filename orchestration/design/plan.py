@@ -18,8 +18,7 @@ from lightning_modules.config import (
     model_config_for,
     train_config_for,
 )
-from lightning_modules.costs import flops_per_token
-from lightning_modules.methods import charged_method, scoring_flops
+from lightning_modules.methods import charged_method, scoring_flops, scoring_passes
 from lightning_modules.prune_plan import PrunePlan
 
 from .schema import Sweep
@@ -102,13 +101,24 @@ def _trained(sweep, arm, scale, family, seed, model: ModelConfig, train: TrainCo
                 lr_source=lr_source, budget=budget, snapshots=snapshots, **extra).with_key()
 
 
-def scoring_charge(sweep: Sweep, dense: ModelConfig, train: TrainConfig, method: str, rounds: int = 1) -> float:
-    """The head-scoring FLOPs the pruned arm of `dense` (trained with `train`) spends with `method` over `rounds`
-    rounds on the sweep's calibration batches, ÷ the tokens of one training step: what a Scratch-B or Scratch-KD
-    budget adds for it (arms.Budget.scoring)."""
+def pruned_arm(sweep: Sweep | None, dense: ModelConfig, small: ModelConfig, train: TrainConfig, finetune_steps: int,
+               recovery: str, method: str, rounds: int = 1, at: float = 1.0, run: PruneRun | None = None) -> Budget:
+    """The pruned arm of `dense` trained with `train`, pruned to `small` at fraction `at` of its T steps by `method`
+    over `rounds` scoring rounds and recovered by `finetune_steps` of `recovery`: the one account of its compute.
+    Scratch-B and Scratch-KD budgets are its FLOPs; `--plan` shows them for every prune unit (`unit_arm`). `run`:
+    the prune settings (else the sweep's, for a dense model trained at train.lr)."""
+    run = run or _prune_run(sweep, train.lr, finetune_steps)
     bt = train.batch_size * train.seq_len
-    fwd = flops_per_token(dense, train.seq_len).total
-    return scoring_flops(method, sum(dense.layer_heads), bt, sweep.prune.calibration_batches * bt, fwd, rounds) / bt
+    snap = snapshot_step(at, train.steps) if at < 1 else train.steps
+    rec = PrunePlan(ratio=0.0, **run.recovery()).recovery_steps  # every candidate rate's fine-tune
+    passes = scoring_passes(method, sum(dense.layer_heads), bt, run.calibration_batches * bt, rounds)
+    return Budget(dense, small, snap, rec, train.seq_len, recovery, passes, continued_steps=train.steps - snap)
+
+
+def unit_arm(u: Unit, small: ModelConfig) -> Budget:
+    """Prune unit `u`'s pruned arm (`pruned_arm`), pruned to `small`."""
+    return pruned_arm(None, u.model, small, u.train, u.prune.finetune_steps, u.recovery, u.method,
+                      u.plan.scoring_rounds, u.prune_at, u.prune)
 
 
 def unit_scoring_flops(u: Unit, n_heads: int, fwd_dense: float) -> float:
@@ -117,14 +127,6 @@ def unit_scoring_flops(u: Unit, n_heads: int, fwd_dense: float) -> float:
     the prune trial logs as cost/scoring_flops."""
     bt = u.train.batch_size * u.train.seq_len
     return scoring_flops(u.method, n_heads, bt, u.prune.calibration_batches * bt, fwd_dense, u.plan.scoring_rounds)
-
-
-def recovery_steps(sweep: Sweep, dense_lr: float | None, finetune_steps: int) -> int:
-    """Steps the pruned arm of a dense model trained at `dense_lr` trains at its pruned size in a recovery of F =
-    `finetune_steps`, as its prune units plan them (PrunePlan.recovery_steps): F for each candidate rate it
-    fine-tunes. Scratch-B's budget counts every one: the pruned arm trained them all to pick its best."""
-    run = _prune_run(sweep, dense_lr, finetune_steps)
-    return PrunePlan(ratio=0.0, **run.recovery()).recovery_steps
 
 
 def recoveries(sweep: Sweep) -> list[tuple[int, str]]:
@@ -193,10 +195,8 @@ def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None,
                     t = _train_cfg(sweep, scale, seed, lr_c, budget)
                     # per-layer controls stand for every method and schedule: charged the primary method's one
                     # scoring round (methods.charged_method)
-                    charge = scoring_charge(sweep, model, train, charged_method(sweep.prune.methods))
                     t = t.model_copy(update={"steps": arm.steps(
-                        Budget(model, m, train.steps, recovery_steps(sweep, train.lr, f), train.seq_len, kind,
-                               charge))})
+                        pruned_arm(sweep, model, m, train, f, kind, charged_method(sweep.prune.methods)))})
                     controls.append(_trained(sweep, name, scale, family, seed, m, t, corpus_hash, ratio,
                                              scope="per_layer", lr_source=source_c, budget=tag, recovery=variant,
                                              dense_key=dense[-1].key if arm.teacher else None))
@@ -252,10 +252,8 @@ def global_control_units(sweep: Sweep, pruned: Unit, dense: Unit, kept_per_layer
             source = f"searched:{arch_key(uniform)}"
         train = dense.train.model_copy(update={"lr": lr})
         f, kind = pruned.prune.finetune_steps, pruned.recovery
-        charge = scoring_charge(sweep, d_model, dense.train, pruned.method, pruned.plan.scoring_rounds)
         t = train.model_copy(update={"steps": arm.steps(
-            Budget(d_model, small, train.steps, recovery_steps(sweep, dense.train.lr, f), train.seq_len, kind,
-                   charge))})
+            pruned_arm(sweep, d_model, small, dense.train, f, kind, pruned.method, pruned.plan.scoring_rounds))})
         out.append(_trained(sweep, name, pruned.scale, pruned.family, pruned.seed, small, t, pruned.corpus_hash,
                             pruned.ratio, method=pruned.method, scope="global", schedule=pruned.schedule,
                             dense_key=dense.key, lr_source=source, budget=dense.budget,

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
+from lightning_modules.arms import Budget
 from lightning_modules.config import (
     EVAL_CAP_TOKENS,
     HeadroomInputError,
@@ -24,10 +25,9 @@ from lightning_modules.config import (
     check_compatible,
     kept_counts,
 )
-from lightning_modules.prune_plan import PrunePlan
 
 from .packing import check_packing, unit_memory
-from .plan import Plan, snapshot_step, unit_scoring_flops
+from .plan import Plan, unit_arm
 from .resources import trial_resources
 from .schema import Sweep
 from .unit import Unit
@@ -148,10 +148,11 @@ def _train_cost(sweep: Sweep, t: TrainConfig, fwd: int, final_eval: bool = True)
     return 3 * fwd * tokens + fwd * (val + final)
 
 
-def _prune_cost(sweep: Sweep, u: Unit, plan: PrunePlan, fwd_dense: int, fwd_pruned: int, n_heads: int) -> int:
+def _prune_cost(sweep: Sweep, u: Unit, arm: Budget, fwd_dense: int, fwd_pruned: int) -> int:
+    """A prune trial's compute: the arm's work after the dense checkpoint (scoring, every candidate fine-tune with
+    its teacher passes; a prune during training's continued steps are its own term), the mask-only curve, the
+    evaluations before and after recovery and each candidate's validation."""
     t = u.train
-    bt = t.batch_size * t.seq_len
-    scoring = unit_scoring_flops(u, n_heads, fwd_dense)
     sets = _eval_sets(sweep)
     ev = _eval_tokens(t, t.eval_batches)
     curve = 0
@@ -159,9 +160,9 @@ def _prune_cost(sweep: Sweep, u: Unit, plan: PrunePlan, fwd_dense: int, fwd_prun
         points = 10  # at most: the achievable fractions of the nominal 0.0 .. 0.9
         curve = points * sets * _eval_tokens(t, u.prune.curve_batches or t.eval_batches) * fwd_dense
     evals = sets * ev * (fwd_dense + fwd_pruned)  # before and after fine-tune (dense: its train trial measured)
-    ft = len(plan.finetune_lrs) * (3 * plan.finetune_steps * bt + _eval_tokens(t, t.eval_batches)) * fwd_pruned
-    teacher = len(plan.finetune_lrs) * plan.finetune_steps * bt * fwd_dense if u.recovery == "distill" else 0
-    return int(scoring + curve + evals + ft + teacher)
+    candidates = len(u.plan.finetune_lrs) * ev * fwd_pruned
+    work = replace(arm, dense_steps=0, continued_steps=0).arm_flops_per_token(fwd_dense, fwd_pruned)
+    return int(work * t.batch_size * t.seq_len + curve + evals + candidates)
 
 
 # ------------------------------------------------------------------------------------------------ rows
@@ -228,20 +229,14 @@ def plan_rows(sweep_plan: Plan) -> list[PlanRow]:
         pruned = d_model.with_heads(heads if heads is not None else
                                     spread_heads(total, d_model.n_layers, d_model.n_heads))
         params, fwd = _build(u.name, pruned, t)
-        est = _prune_cost(sweep, u, plan, fwd_dense, fwd, sum(d_model.layer_heads))
-        steps = plan.recovery_steps  # every candidate rate's fine-tune (Scratch-B counts them)
-        bt = t.batch_size * t.seq_len
-        teacher = fwd_dense * steps * bt if u.recovery == "distill" else 0
-        dense_steps = t.steps
-        if u.prune_at < 1:  # trained on from p·T to T before the recovery fine-tune
-            cont = t.steps - snapshot_step(u.prune_at, t.steps)
-            est += _train_cost(sweep, t.model_copy(update={"steps": cont}), fwd, final_eval=False)
-            steps += cont
-            dense_steps -= cont
-        arm = 3 * fwd_dense * dense_steps * bt + unit_scoring_flops(u, sum(d_model.layer_heads), fwd_dense) \
-            + 3 * fwd * steps * bt + teacher
+        arm = unit_arm(u, pruned)  # the plan's account of the arm: its steps at each size, scoring, teacher
+        est = _prune_cost(sweep, u, arm, fwd_dense, fwd)
+        if arm.continued_steps:  # pruned during training: trained on from p·T to T before the recovery
+            est += _train_cost(sweep, t.model_copy(update={"steps": arm.continued_steps}), fwd, final_eval=False)
+        steps = arm.recovery_steps + arm.continued_steps
+        flops = arm.arm_flops_per_token(fwd_dense, fwd) * t.batch_size * t.seq_len
         row = _row(u, "prune", pruned, params, fwd, steps, est, sweep, heads,
-                   plan.finetune_lr if plan.finetune_lr is not None else "val-grid", arm_flops=arm, dense=d_model)
+                   plan.finetune_lr if plan.finetune_lr is not None else "val-grid", arm_flops=flops, dense=d_model)
         # the fine-tune's rate: fixed by the sweep, or chosen on val from a grid of multiples of the dense rate
         row.lr_source = "sweep" if plan.finetune_lr is not None else (
             "grid " + ",".join(f"{m:g}" for m in sweep.prune.finetune_lr_grid) + " × dense lr")
