@@ -10,9 +10,9 @@ import pytest
 from orchestration.design.spec import parse_sweep
 from orchestration.report.analysis import primary_recovery
 from orchestration.report.read import Run
-from orchestration.report.recovery import sign_changes
 from orchestration.report.rows import Comparison
 from orchestration.report.stats import paired, verdict_of
+from orchestration.report.trends import sign_changes
 
 BUDGETS = (20, 200, 1000)
 SEEDS = 5

@@ -130,7 +130,7 @@ def primary_recovery(runs: list[Run], spec=None) -> tuple[int, str]:
     `prune.finetune_steps`. Taken from the sweep file, never from which runs finished (a run that did not finish is
     reported missing, not replaced by a weaker recovery). Without a stored sweep file (runs of an older version), it
     is inferred from the pruned runs; (0, "lm") when none finished. The rest of a recovery sweep is its own section
-    (report/recovery.py)."""
+    (report/trends.py)."""
     if spec is not None:
         kinds = spec.prune.recovery
         return max(spec.prune.finetune_steps), ("distill" if "distill" in kinds else "lm")

@@ -28,7 +28,6 @@ from .analysis import (
 )
 from .diagnostics import Diagnostic, diagnose, findings, untrustworthy, unverified
 from .read import SweepRuns, Windows
-from .recovery import recovery_rows, sign_changes
 from .render import fmt_ci, fmt_p
 from .rows import (
     Comparison,
@@ -45,7 +44,7 @@ from .rows import (
     Trend,
 )
 from .summaries import costs, evaluation_info, learning_rates, probe_slack, probes, redundancy
-from .trends import timing, trends
+from .trends import recovery_rows, sign_changes, timing, trends
 
 STATE_WORDS = {"passed": "passed", "failed": "**failed**", "not_applicable": "not applicable",
                "could_not_run": "**could not run**", "finding": "**a finding**"}
