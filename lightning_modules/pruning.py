@@ -288,6 +288,8 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
     it); otherwise it is measured here. metrics["windows"] holds per-window losses before and after fine-tune.
     `recovery` "distill" fine-tunes on the KL divergence to this (unpruned, frozen) model's logits, as `distill`
     says (lightning_modules/distill.py); the losses reported stay LM losses."""
+    from .stability import split_half  # it ranks with heads_to_keep: imported here, the import one-way
+
     t_start = time.perf_counter()
     timer = WorkTimer()
     model.eval()
@@ -311,6 +313,9 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
             dense = {s: evaluate_loss(model, l, loss_fn) for s, l in loaders.items()}
     with timer("score_s"):
         keep, scores = select_heads(model, calib, plan, loss_fn=loss_fn, **(method_options or {}))
+        # information, not the choice: how far the ranking of each half of the calibration batches agrees
+        stable = split_half(model, calib, plan.method, plan.scope, plan.ratio, loss_fn,
+                            **{"seed": plan.seed, **(method_options or {})})
     gate = head_gate(model)
     dev = next(model.parameters()).device
     gate.mask(keep, device=dev)
@@ -371,9 +376,9 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
         "timing": timer.s,
         "windows": windows,
         "random_baseline": random_baseline,
+        "stability": stable,
     }
     return pruned, scores, metrics
-
 
 
 def _random_baseline(model, plan: PrunePlan, heads: list[int], loaders: dict, own: dict, loss_fn,

@@ -263,7 +263,30 @@ def test_smoke_sweep_writes_the_verdict_report(smoke):
                                          if (d["scale"], d["family"]) == (h["scale"], h["family"]))
     assert {(p["family"], p["method"]) for p in v["prunable"] if p["eval_set"] == "id"} == {
         (f, m) for f in ("decoder",) for m in ("gradient", "random")}
+    # which scorer: random against gradient before fine-tune, and gradient's split-half stability, each from the
+    # runs' own metrics by seed (random reads no data: no stability)
+    pre, rho = {}, {}
+    for r in children:
+        t = r.data.tags
+        if t["headroom.arm"] == "pruned" and t["headroom.prune_at"] == "1":
+            cell = f"xs-T{t['headroom.steps']}"
+            pre[(cell, t["headroom.method"], int(t["headroom.seed"]))] = r.data.metrics["pre_ft/id/loss"]
+            if "stability/spearman" in r.data.metrics:
+                rho.setdefault((cell, t["headroom.method"]), {})[t["headroom.seed"]] = r.data.metrics[
+                    "stability/spearman"]
+    gaps = [g for g in v["methods"] if g["eval_set"] == "id"]
+    assert {(g["scale"], g["method"]) for g in gaps} == {("xs-T20", "random"), ("xs-T40", "random")}
+    for g in gaps:
+        d = [pre[(g["scale"], "random", s)] - pre[(g["scale"], "gradient", s)] for s in (0, 1)]
+        assert g["diff_mean"] == pytest.approx(sum(d) / 2, abs=1e-9) and g["reference"] == "gradient"
+    assert {(x["scale"], x["method"]) for x in v["stability"]} == set(rho) == {("xs-T20", "gradient"),
+                                                                              ("xs-T40", "gradient")}
+    for x in v["stability"]:
+        seeds = rho[(x["scale"], x["method"])]
+        assert x["n_seeds"] == len(seeds) == 2 and x["spearman"] == pytest.approx(sum(seeds.values()) / 2)
+        assert set(x["overlap"]) == {"0.25", "0.5", "0.75"}
     md = (out / "report.md").read_text()
+    assert "## 6d. Which scorer" in md
     assert "Partial report" not in md and "plots/probes_importance.png" in md and "plots/probes_redundancy.png" in md
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == md.count("](plots/")

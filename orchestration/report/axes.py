@@ -10,7 +10,7 @@ from lightning_modules.arms import label as arm_label
 
 from . import plots
 from .analysis import PRIMARY
-from .render import Doc, fmt_ci, fmt_ratio
+from .render import Doc, fmt_ci, fmt_p, fmt_ratio
 from .verdict import Report
 
 PRIMARY_WORDS = f"{PRIMARY['method']}, {PRIMARY['scope'].replace('_', ' ')}, {PRIMARY['schedule'].replace('_', ' ')}, " \
@@ -169,3 +169,39 @@ def recovery_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
                     ", ".join(map(str, t.budgets)), " ".join("+" if x > 0 else "−" if x < 0 else "0" for x in t.signs),
                     f"between F={t.change[0]} and F={t.change[1]}" if t.change else "none established"]
                    for t in rep.recovery_trends])
+
+
+def scorer_section(doc: Doc, rep: Report) -> None:
+    doc.h(2, "6d. Which scorer")
+    ref = PRIMARY["method"]
+    if rep.stability:
+        doc.p("How stable each method's head ranking is: the calibration batches split into halves, the heads scored "
+              "on each alone. Spearman over the heads the scope ranks together (per layer: the mean of the layers'), "
+              "its lowest seed and lowest layer; the overlap of the two halves' pruned sets at each ratio, against "
+              "what two random choices share (chance). Information, not a trust check: the prune used every batch.")
+        ratios = sorted({r for x in rep.stability for r in x.overlap})
+        doc.table(["scale", "family", "method", "scope", "n", "Spearman", "lowest seed", "lowest layer",
+                   *(f"overlap r{r:g} (chance)" for r in ratios)],
+                  [[x.scale, x.family, x.method, x.scope, str(x.n_seeds), _num(x.spearman, "{:.2f}")
+                    + (" **low**" if x.low else ""), _num(x.spearman_lowest_seed, "{:.2f}"),
+                    _num(x.spearman_layer_min, "{:.2f}"),
+                    *(f"{x.overlap[r]:.2f} ({x.chance[r]:.2f})" if r in x.overlap else "—" for r in ratios)]
+                   for x in rep.stability])
+        low = [f"{x.scale} {x.method} ({x.scope})" for x in rep.stability if x.low]
+        if low:
+            doc.p("Low (Spearman below 0.5): " + ", ".join(low) + ". Half the calibration data ranks these heads "
+                  "differently from the other half; a comparison that rests on their order rests on noise.")
+    else:
+        doc.p("Not measured: no prune run of a method that reads data recorded its split-half agreement.")
+    if not rep.method_gaps:
+        doc.p(f"One method (or none besides `{ref}`): no comparison of scorers. `sweeps/methods.yaml` prunes the "
+              "same dense models with every method.")
+        return
+    doc.p(f"Each method's loss before fine-tune (the masked model: its choice of heads alone) minus `{ref}`'s, "
+          "paired by seed (positive: its heads lose more), eval set `id`. Worse/better when the Holm-adjusted p over "
+          "the methods of the row's group ≤ 0.05; else indistinguishable.")
+    doc.table(["scale", "family", "ratio", "scope", "schedule", "method", "n", "loss", f"{ref}", "diff", "95% CI",
+               "p (Holm)", "verdict"],
+              [[g.scale, g.family, fmt_ratio(g.ratio), g.scope, g.schedule, g.method, str(g.n_seeds),
+                f"{g.method_loss:.4f}", f"{g.reference_loss:.4f}", f"{g.diff_mean:+.4f}", fmt_ci(g.ci95),
+                fmt_p(g.p_holm), g.verdict] for g in rep.method_gaps if g.eval_set == PRIMARY["eval_set"]])

@@ -195,8 +195,9 @@ def _budget(doc: Doc, rep: Report, pg: _Page) -> None:
 
 
 def _recovery(doc: Doc, rep: Report, pg: _Page) -> None:
-    """Section 6c. the recovery budget and objective."""
+    """Sections 6c. the recovery budget and objective, 6d. which scorer."""
     axes.recovery_section(doc, rep, pg.plots)
+    axes.scorer_section(doc, rep)
 
 
 def _probes(doc: Doc, rep: Report, pg: _Page) -> None:

@@ -280,6 +280,57 @@ class Replication:
         return asdict(self)
 
 
+@dataclass
+class MethodGap:
+    """Which scorer: a method's loss before fine-tune (its choice of heads alone) minus the reference method's,
+    paired by seed, in one (cell, family, ratio, scope, schedule) on one eval set; Holm over the group's methods.
+    Positive: the method's heads lose more than the reference's."""
+
+    scale: Cell
+    family: str
+    ratio: float
+    scope: str
+    schedule: str
+    eval_set: str
+    method: str
+    reference: str
+    n_seeds: int
+    method_loss: float
+    reference_loss: float
+    diff_mean: float
+    ci95: list[float] | None
+    p_value: float | None
+    p_holm: float | None
+    verdict: str  # worse | better (than the reference, Holm-adjusted) | indistinguishable | insufficient_seeds
+    window_share: float | None
+    group: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return _without_empty_group(asdict(self))
+
+
+@dataclass
+class Stability:
+    """How stable a method's head ranking is in one (cell, family, scope): the split-half agreement its prune runs
+    measured (lightning_modules/stability.py), mean over seeds. `overlap`/`chance`: {ratio: fraction}."""
+
+    scale: Cell
+    family: str
+    method: str
+    scope: str
+    n_seeds: int
+    spearman: float | None
+    spearman_lowest_seed: float | None
+    spearman_layer_min: float | None
+    overlap: dict
+    chance: dict
+    low: bool  # Spearman below stability.LOW_SPEARMAN
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "overlap": {f"{r:g}": v for r, v in self.overlap.items()},
+                "chance": {f"{r:g}": v for r, v in self.chance.items()}}
+
+
 def other_axes(key) -> dict:
     """A group's axes that a Comparison does not name a field after (an axis registered later), by name."""
     return {a: v for a, v in key._asdict().items() if a not in Comparison.__dataclass_fields__}

@@ -35,14 +35,17 @@ from .rows import (
     CurvePoint,
     EvalInfo,
     LearningRate,
+    MethodGap,
     ProbeSlack,
     Prunable,
     RecoveryTrend,
     Redundancy,
     Replication,
+    Stability,
     Timing,
     Trend,
 )
+from .scorers import method_gaps, stability
 from .summaries import costs, evaluation_info, learning_rates, probe_slack, probes, redundancy
 from .trends import recovery_rows, sign_changes, timing, trends
 
@@ -75,6 +78,8 @@ class Report:
     recovery_trends: list[RecoveryTrend] = field(default_factory=list)
     primary_recovery: tuple[int, str] = (0, "lm")
     replication: list[Replication] = field(default_factory=list)  # section 4 (not in verdict.json)
+    method_gaps: list[MethodGap] = field(default_factory=list)  # which scorer (report/scorers.py)
+    stability: list[Stability] = field(default_factory=list)
 
     def verdict_json(self) -> dict:
         return {"sweep": self.data.sweep, "spec_hash": self.data.spec_hash,
@@ -93,7 +98,9 @@ class Report:
                 "primary_recovery": {"finetune_steps": self.primary_recovery[0],
                                      "recovery": self.primary_recovery[1]},
                 "recovery": [c.to_json() for c in self.recovery],
-                "recovery_trend": [t.to_json() for t in self.recovery_trends]}
+                "recovery_trend": [t.to_json() for t in self.recovery_trends],
+                "methods": [g.to_json() for g in self.method_gaps],
+                "stability": [x.to_json() for x in self.stability]}
 
     def primary(self) -> list[Comparison]:
         return [c for c in self.comparisons if c.primary]
@@ -163,11 +170,12 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
                   diagnostics=diags, learning_rates=learning_rates(every),
                   evaluation=evaluation_info(runs), timing=timing(runs), trends=trends(runs, failed, shaky),
                   recovery=rec_rows, recovery_trends=sign_changes(rec_rows), primary_recovery=main,
-                  replication=replication(comps))
+                  replication=replication(comps), method_gaps=method_gaps(runs, windows), stability=stability(runs))
 
 
 def headline_metrics(rep: Report) -> dict[str, float]:
-    """Parent-run metrics: the primary gap per (scale, family, ratio, control) and the prunable fractions."""
+    """Parent-run metrics: the primary gap per (scale, family, ratio, control), the prunable fractions and each
+    method's split-half ranking stability."""
     out = {}
     for c in rep.primary():
         k = f"verdict/{c.scale}/{c.family}/r{c.ratio:g}/{c.control}"
@@ -177,6 +185,9 @@ def headline_metrics(rep: Report) -> dict[str, float]:
     for (scale, family, method, scope, schedule, ev), frac in rep.fractions.items():
         if primary_values(scope=scope, schedule=schedule):
             out[f"prunable_fraction/{scale}/{family}/{method}/{ev}"] = frac
+    for x in rep.stability:  # how stable each method's ranking is (split-half Spearman, mean over seeds)
+        if x.spearman is not None:
+            out[f"stability/{x.scale}/{x.family}/{x.method}/{x.scope}/spearman"] = x.spearman
     return out
 
 

@@ -7,6 +7,9 @@ reader names a metric through these functions, so a writer and its readers canno
                                       (the physically pruned model before recovery); split: id, shift, val, ...
     curve/<split>/r<ratio>            the mask-only prune curve
     pre_ft_random/<split>/loss|draw<k>  the random method as a distribution: several draws
+    stability/spearman|spearman_layer_min, stability/overlap|chance/r<ratio>
+                                      the split-half agreement of a prune's head ranking (lightning_modules/
+                                      stability.py)
     cost/<kind>                       seconds and steps of a unit (cost/recovery_steps: what Scratch-B counts;
                                       cost/cpu_s, gpu_s, wall_s, work_s: what the sweep's tracker adds)
     finetune/lr, eval/<split>/windows_excluded, latency_ms/<kind>
@@ -56,6 +59,12 @@ def curve_prefix(split: str) -> str:
 def random_draw(split: str, k: int | None = None) -> str:
     """The k-th random draw's loss before fine-tune (k None: the prefix every draw starts with)."""
     return f"{RANDOM}/{split}/draw" + ("" if k is None else str(k))
+
+
+def stability(kind: str, ratio: float | None = None) -> str:
+    """A split-half agreement number of a prune run's ranking: spearman, spearman_layer_min, or at `ratio` the
+    overlap of the two halves' pruned sets and its chance level."""
+    return f"stability/{kind}" + ("" if ratio is None else f"/r{ratio:.4g}")
 
 
 def cost(kind: str) -> str:
@@ -135,6 +144,11 @@ def flatten_prune(m: dict, eval_sets: list[str], recovery_steps: int, scoring_fl
         flat[FINETUNE_LR] = ft["lr"]
         for lr, v in ft["grid"].items():
             flat[finetune_val_loss(lr)] = v
+    for kind, v in (m.get("stability") or {}).items():  # the ranking's split-half agreement (informed methods)
+        if kind in ("spearman", "spearman_layer_min") and v is not None:
+            flat[stability(kind)] = v
+        elif kind in ("overlap", "chance"):
+            flat.update({stability(kind, float(r)): x for r, x in v.items()})
     for kind, ms in m["latency_ms"].items():
         flat[f"latency_ms/{kind}"] = ms
     for row in m["prune_curve"]:  # one metric per (eval set, ratio): MLflow's chart view
