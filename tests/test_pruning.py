@@ -172,6 +172,10 @@ def tiny_checkpoints(tmp_path_factory):
     tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(root / "gpt2")
     tf.BertForMaskedLM(tf.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=64, max_position_embeddings=128)).save_pretrained(root / "bert")
+    # a Llama of transformers' own (grouped-query attention: 4 query heads on 2 key/value heads)
+    tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128)
+                        ).save_pretrained(root / "llama")
     save_model(build_model(model_config_for("xs", heads_per_layer=[1, 8]), 0), root / "one-head")
     (root / "t5").mkdir()
     (root / "t5" / "config.json").write_text('{"model_type": "t5"}')
@@ -227,6 +231,31 @@ def test_score_and_prune_pretrained_checkpoints(tiny_checkpoints, tmp_path, name
     m = json.loads((tmp_path / "p" / "metrics.json").read_text())
     assert sum(m["heads_kept"]) == 4 and min(m["heads_kept"]) >= 1
     assert layer_heads(load_model(tmp_path / "p" / "model")) == m["heads_kept"]
+
+
+@pytest.mark.parametrize("name,score,prune", [("llama", "activation", "taylor"), ("gpt2", "flap", "wanda_sp"),
+                                              ("bert", "wanda_sp", "flap")])
+def test_the_llm_scorers_score_and_prune_local_checkpoints(tiny_checkpoints, tmp_path, name, score, prune):
+    """`headroom score` and `headroom prune` with the scorers of structured LLM pruning on local Hugging Face
+    directories (their formulas: tests/test_scoring_llm.py): a score per head, the pruned model loads with the
+    kept heads, and the prune records its ranking's split-half stability."""
+    import sysconfig
+
+    ck = tiny_checkpoints / name
+    data = ["--data", f"path:{sysconfig.get_paths()['stdlib']}/asyncio/*.py"]
+    r = headroom("score", ck, "--method", score, "--out", tmp_path / "s.json", "--calibration-batches", "2",
+                 "--batch-size", "4", "--seq-len", "32", *data)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["method"] == score and len(s["scores"]) == 2 and all(len(row) == 4 for row in s["scores"])
+    assert all(x is not None and x >= 0 for row in s["scores"] for x in row)
+    r = headroom("prune", ck, "--method", prune, "--ratio", "0.5", "--out", tmp_path / "p", *FAST, *data)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads((tmp_path / "p" / "metrics.json").read_text())
+    assert m["plan"]["method"] == prune and m["heads_kept"] == [2, 2]
+    assert layer_heads(load_model(tmp_path / "p" / "model")) == [2, 2]
+    st = m["stability"]
+    assert st["batches"] == [1, 1] and -1 <= st["spearman"] <= 1 and set(st["overlap"]) == {"0.25", "0.5", "0.75"}
 
 
 NO_TORCH = ("import sys; from orchestration.cli import main; rc = main(sys.argv[1:]); "

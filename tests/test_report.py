@@ -150,7 +150,7 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     v = json.loads((out / "verdict.json").read_text())
     assert set(v) == {"sweep", "spec_hash", "comparisons", "prunable", "prune_curves", "diagnostics", "headline",
                       "learning_rates", "evaluation", "timing", "trend", "primary_recovery", "recovery",
-                      "recovery_trend"}
+                      "recovery_trend", "methods", "stability"}
     assert v["timing"] == []  # every prune here is of the trained model
     # one recovery (F = 10 on the LM loss): the primary one, and no recovery section
     assert v["primary_recovery"] == {"finetune_steps": 10, "recovery": "lm"} and v["recovery"] == []
