@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .compensate import compensate
 from .config import HeadroomInputError
 from .families import family_of
 
@@ -130,8 +131,10 @@ def _check_keep(keep: Sequence[Sequence[int]], shapes: list[tuple[int, int, int]
     return out
 
 
-def prune_heads(model, keep: Sequence[Sequence[int]]):
-    """Remove every head not in keep[l] from layer l, in place; returns the model.
+def prune_heads(model, keep: Sequence[Sequence[int]], out_means: list | None = None):
+    """Remove every head not in keep[l] from layer l, in place; returns the model. With `out_means` (the dense
+    model's mean output-projection inputs, compensate.output_means) the removed heads' mean output goes into the
+    output projection's bias first (FLAP's bias compensation, lightning_modules/compensate.py).
 
     Different counts per layer are allowed, at least one head per layer. Updates the model's config: a uniformly
     pruned Llama-family model gets plain `num_attention_heads`/`num_key_value_heads`/`head_dim` (any
@@ -142,6 +145,8 @@ def prune_heads(model, keep: Sequence[Sequence[int]]):
     attns = fam.attentions(model)
     shapes = [fam.shape(a) for a in attns]
     keep = _check_keep(keep, shapes)
+    if out_means is not None:
+        compensate(model, keep, out_means)
     meta = dict(getattr(model.config, "headroom", None) or {})
     prior = meta.get("kept") or [list(range(n)) for n, _, _ in shapes]
     with torch.no_grad():

@@ -48,6 +48,7 @@ class Method:
     description: str = ""
     memory: Callable[[object, int, int, bool], int] = backward_memory
     standardize: bool = False  # scope global: its scores z-scored per layer before one threshold ranks them (FLAP)
+    compensates: bool = False  # its recipe folds the removed heads' mean output into the bias (FLAP; compensate.py)
 
     def __post_init__(self):
         if not callable(self.memory):
@@ -86,21 +87,29 @@ def get_method(name: str) -> Method:
     return _METHODS[name]
 
 
+def compensates(name: str, setting: bool | None) -> bool:
+    """Whether a prune by method `name` compensates the bias: the prune's `bias_compensation` setting, or (None)
+    the method's recipe."""
+    return get_method(name).compensates if setting is None else setting
+
+
 def scoring_flops(name: str, n_heads: int, batch_tokens: int, calibration_tokens: int, fwd_flops_per_token: float,
-                  rounds: int = 1) -> float:
+                  rounds: int = 1, compensate: bool = False) -> float:
     """FLOPs method `name` spends scoring the heads of a model of `fwd_flops_per_token` forward FLOPs per token
     (`n_heads`: all its heads) on `calibration_tokens`, `rounds` times (an iterative prune scores once a round):
-    its declared forward-pass equivalents per calibration token × the tokens × a forward pass. What the pruned arm
-    is charged for choosing its heads, and what Scratch-B's budget adds (lightning_modules/costs.py)."""
+    its declared forward-pass equivalents per calibration token × the tokens × a forward pass, and with `compensate`
+    one more forward pass over them (the bias compensation's means). What the pruned arm is charged for choosing
+    its heads, and what Scratch-B's budget adds (lightning_modules/costs.py)."""
     m = get_method(name)
-    return m.passes(n_heads, batch_tokens, calibration_tokens, m.options) * rounds * calibration_tokens \
-        * fwd_flops_per_token
+    passes = m.passes(n_heads, batch_tokens, calibration_tokens, m.options) * rounds + (1 if compensate else 0)
+    return passes * calibration_tokens * fwd_flops_per_token
 
 
-def scoring_passes(name: str, n_heads: int, batch_tokens: int, calibration_tokens: int, rounds: int = 1) -> float:
+def scoring_passes(name: str, n_heads: int, batch_tokens: int, calibration_tokens: int, rounds: int = 1,
+                   compensate: bool = False) -> float:
     """`scoring_flops` in forward passes of the scored model per token of one training step (`batch_tokens`): the
     scoring term of the pruned arm's compute (costs.arm_flops_per_token), whatever counts its forward FLOPs."""
-    return scoring_flops(name, n_heads, batch_tokens, calibration_tokens, 1.0, rounds) / batch_tokens
+    return scoring_flops(name, n_heads, batch_tokens, calibration_tokens, 1.0, rounds, compensate) / batch_tokens
 
 
 # the primary comparison's method (the report's headline; report/analysis.PRIMARY reads it here): the scoring a
@@ -140,6 +149,7 @@ TAYLOR_PASSES = 2.2
 register_method(Method("activation", _LLM + "score_activation", _fixed(1), memory=forward_memory,
                        description="Minitron: the L2 norm over a head's channels of its output's mean magnitude"))
 register_method(Method("flap", _LLM + "score_flap", _fixed(1), memory=forward_memory, standardize=True,
+                       compensates=True,
                        description="FLAP: the fluctuation of a head's output channels, weighted by their weights"))
 register_method(Method("wanda_sp", _LLM + "score_wanda_sp", _fixed(1), memory=forward_memory,
                        description="structured Wanda: |W| times the input norm, summed over a head's channels"))

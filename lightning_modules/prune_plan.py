@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .config import HeadroomInputError, Strict, heads_removed
-from .methods import get_method
+from .methods import compensates, get_method
 
 # defaults used wherever a prune is set up (sweep files, `headroom prune`, the prune trials)
 DEFAULT_TOLERANCE = 0.05  # "prunable": pruned loss before fine-tune <= dense loss x (1 + tolerance)
@@ -55,6 +55,9 @@ class Recovery(Strict):
     finetune_steps: int = Field(default=0, ge=0)
     finetune_lr: float | None = Field(default=None, gt=0)
     finetune_lr_grid: tuple[Annotated[float, Field(gt=0)], ...] = ()
+    # FLAP's bias compensation when the heads are removed (lightning_modules/compensate.py); None: the method's
+    # recipe (methods.Method.compensates: on for flap)
+    bias_compensation: bool | None = None
 
     def recovery(self) -> dict:
         """The fields declared here, to build the other model that extends this one."""
@@ -93,6 +96,11 @@ class PrunePlan(Recovery):
         return self
 
     _method = field_validator("method")(classmethod(lambda cls, v: check_method(v)))
+
+    @property
+    def compensates(self) -> bool:
+        """Whether removing the heads compensates the bias (the setting, or the method's recipe)."""
+        return compensates(self.method, self.bias_compensation)
 
     @property
     def scoring_rounds(self) -> int:

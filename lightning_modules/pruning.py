@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from .compensate import output_means
 from .config import HeadroomInputError, TrainConfig, kept_counts
 from .distill import DistillSpec, recovery_loss, recovery_record
 from .families import layer_heads, layer_shapes
@@ -21,6 +22,7 @@ from .lm import HeadroomLM, eval_record, evaluate
 from .models import count_parameters
 from .prune_plan import DEFAULT_CALIBRATION_BATCHES, PrunePlan, check_ratio_fits
 from .scoring import LossFn, default_loss, ranked, score_heads
+from .stability import split_half
 from .train import TrainClock, build_trainer, fit
 
 CURVE_RATIOS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 0.9
@@ -288,8 +290,6 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
     it); otherwise it is measured here. metrics["windows"] holds per-window losses before and after fine-tune.
     `recovery` "distill" fine-tunes on the KL divergence to this (unpruned, frozen) model's logits, as `distill`
     says (lightning_modules/distill.py); the losses reported stay LM losses."""
-    from .stability import split_half  # it ranks with heads_to_keep: imported here, the import one-way
-
     t_start = time.perf_counter()
     timer = WorkTimer()
     model.eval()
@@ -335,16 +335,17 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
         curve_rows = prune_curve(model, scores, curve_loaders, plan.scope, loss_fn) if curve else []
     dense_cost = {"params": count_parameters(model), "flops": forward_flops(model, seq_len),
                   "params_nonembedding": count_parameters(model, embeddings=False)}
-
+    with timer("score_s"):  # FLAP's bias compensation reads the dense model's mean head outputs
+        means = output_means(model, calib) if plan.compensates else None
     pruned = copy.deepcopy(model)
     if dense_teacher is model:  # distillation keeps the unpruned model as its teacher
         loss_fn.teacher = copy.deepcopy(model).eval()
-    prune_heads(pruned, keep)
+    prune_heads(pruned, keep, means)  # the masked model's loss is the ranking's; a compensated one differs
     with timer("latency_s"):
         latency["pruned"] = measure_latency(pruned, lat_batch, latency_repeats)
     with timer("eval_s"):
-        # the physically pruned model before fine-tune: equal to the masked one (checked on val when fine-tuning
-        # follows, on every set when it does not)
+        # the physically pruned model before fine-tune (equal to the masked one unless compensated): on val when
+        # fine-tuning follows, on every set when it does not
         after_prune = {s: evaluate_loss(pruned, l, loss_fn, per_window=not plan.finetune_steps)
                        for s, l in loaders.items() if plan.finetune_steps == 0 or s == "val"}
     train_loss = recovery_loss(recovery, model, distill) if plan.finetune_steps else None

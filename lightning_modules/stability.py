@@ -51,7 +51,7 @@ def _pairs(a: torch.Tensor, b: torch.Tensor, heads: list[int], layer: int | None
 
 
 def _removed(scores: torch.Tensor, heads: list[int], ratio: float, scope: str) -> set[tuple[int, int]]:
-    from .pruning import heads_to_keep  # pruning calls this module: imported here, the import one-way
+    from .pruning import heads_to_keep  # pruning imports this module: imported here, the import one-way
 
     keep = heads_to_keep(scores, heads, ratio, scope, clamp=True)
     return {(l, h) for l, n in enumerate(heads) for h in range(n) if h not in keep[l]}

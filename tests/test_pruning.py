@@ -233,12 +233,13 @@ def test_score_and_prune_pretrained_checkpoints(tiny_checkpoints, tmp_path, name
     assert layer_heads(load_model(tmp_path / "p" / "model")) == m["heads_kept"]
 
 
-@pytest.mark.parametrize("name,score,prune", [("llama", "activation", "taylor"), ("gpt2", "flap", "wanda_sp"),
-                                              ("bert", "wanda_sp", "flap")])
-def test_the_llm_scorers_score_and_prune_local_checkpoints(tiny_checkpoints, tmp_path, name, score, prune):
+@pytest.mark.parametrize("name,score,prune,flag", [("llama", "activation", "taylor", ["--bias-compensation"]),
+                                                   ("gpt2", "flap", "wanda_sp", []), ("bert", "wanda_sp", "flap", [])])
+def test_the_llm_scorers_score_and_prune_local_checkpoints(tiny_checkpoints, tmp_path, name, score, prune, flag):
     """`headroom score` and `headroom prune` with the scorers of structured LLM pruning on local Hugging Face
     directories (their formulas: tests/test_scoring_llm.py): a score per head, the pruned model loads with the
-    kept heads, and the prune records its ranking's split-half stability."""
+    kept heads, and the prune records its ranking's split-half stability. Bias compensation (flap's recipe, or
+    the flag) makes the physically pruned model differ from the masked one; without it they are equal."""
     import sysconfig
 
     ck = tiny_checkpoints / name
@@ -249,13 +250,18 @@ def test_the_llm_scorers_score_and_prune_local_checkpoints(tiny_checkpoints, tmp
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["method"] == score and len(s["scores"]) == 2 and all(len(row) == 4 for row in s["scores"])
     assert all(x is not None and x >= 0 for row in s["scores"] for x in row)
-    r = headroom("prune", ck, "--method", prune, "--ratio", "0.5", "--out", tmp_path / "p", *FAST, *data)
+    r = headroom("prune", ck, "--method", prune, "--ratio", "0.5", "--out", tmp_path / "p", *FAST, *data, *flag)
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((tmp_path / "p" / "metrics.json").read_text())
     assert m["plan"]["method"] == prune and m["heads_kept"] == [2, 2]
     assert layer_heads(load_model(tmp_path / "p" / "model")) == [2, 2]
     st = m["stability"]
     assert st["batches"] == [1, 1] and -1 <= st["spearman"] <= 1 and set(st["overlap"]) == {"0.25", "0.5", "0.75"}
+    masked, removed = m["loss"]["pre_ft"]["id"]["loss"], m["loss"]["pruned_no_ft"]["id"]["loss"]
+    if prune == "flap" or flag:
+        assert abs(removed - masked) > 1e-5 * masked  # beyond rounding: the uncompensated ones agree to 1e-6
+    else:
+        assert removed == pytest.approx(masked, rel=1e-6)
 
 
 NO_TORCH = ("import sys; from orchestration.cli import main; rc = main(sys.argv[1:]); "

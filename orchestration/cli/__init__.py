@@ -128,6 +128,9 @@ def _add_prune(sub) -> None:
                    help="remove STEP of the heads at a time, re-scoring in between (default: one shot)")
     p.add_argument("--finetune-steps", type=int, default=0)
     p.add_argument("--finetune-lr", type=float, default=DEFAULT_FINETUNE_LR)
+    p.add_argument("--bias-compensation", action=argparse.BooleanOptionalAction, default=None,
+                   help="fold the removed heads' mean output into the output projection's bias (FLAP); default: "
+                        "the method's own recipe (on for flap)")
     p.add_argument("--eval-batches", type=_positive_int,
                    help="batches of each eval set (default: every window of it, up to 2^20 tokens)")
     p.add_argument("--curve-batches", type=_positive_int, default=8,

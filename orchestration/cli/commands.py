@@ -215,7 +215,8 @@ def cmd_prune(args) -> int:
     try:
         plan = PrunePlan(method=args.method, ratio=args.ratio, scope=args.scope,
                          schedule="iterative" if args.iterative else "one_shot", step=args.iterative or 0.1,
-                         finetune_steps=args.finetune_steps, finetune_lr=args.finetune_lr, seed=train_cfg.seed)
+                         finetune_steps=args.finetune_steps, finetune_lr=args.finetune_lr, seed=train_cfg.seed,
+                         bias_compensation=args.bias_compensation)
     except ValueError as e:
         raise HeadroomInputError(first_error(e)) from None
     check_ratio_fits(info.layer_heads, plan.ratio, plan.scope)

@@ -18,7 +18,7 @@ from lightning_modules.config import (
     model_config_for,
     train_config_for,
 )
-from lightning_modules.methods import charged_method, scoring_flops, scoring_passes
+from lightning_modules.methods import charged_method, compensates, scoring_flops, scoring_passes
 from lightning_modules.prune_plan import PrunePlan
 
 from .schema import Sweep
@@ -111,7 +111,8 @@ def pruned_arm(sweep: Sweep | None, dense: ModelConfig, small: ModelConfig, trai
     bt = train.batch_size * train.seq_len
     snap = snapshot_step(at, train.steps) if at < 1 else train.steps
     rec = PrunePlan(ratio=0.0, **run.recovery()).recovery_steps  # every candidate rate's fine-tune
-    passes = scoring_passes(method, sum(dense.layer_heads), bt, run.calibration_batches * bt, rounds)
+    passes = scoring_passes(method, sum(dense.layer_heads), bt, run.calibration_batches * bt, rounds,
+                            compensates(method, run.bias_compensation))
     return Budget(dense, small, snap, rec, train.seq_len, recovery, passes, continued_steps=train.steps - snap)
 
 
@@ -126,7 +127,8 @@ def unit_scoring_flops(u: Unit, n_heads: int, fwd_dense: float) -> float:
     forward FLOPs per token on the unit's calibration batches, every round of its schedule: what `--plan` counts and
     the prune trial logs as cost/scoring_flops."""
     bt = u.train.batch_size * u.train.seq_len
-    return scoring_flops(u.method, n_heads, bt, u.prune.calibration_batches * bt, fwd_dense, u.plan.scoring_rounds)
+    return scoring_flops(u.method, n_heads, bt, u.prune.calibration_batches * bt, fwd_dense, u.plan.scoring_rounds,
+                         u.plan.compensates)
 
 
 def recoveries(sweep: Sweep) -> list[tuple[int, str]]:
@@ -207,7 +209,8 @@ def _prune_run(sweep: Sweep, dense_lr: float | None, finetune_steps: int) -> Pru
     p = sweep.prune
     grid = () if p.finetune_lr is not None or dense_lr is None else tuple(m * dense_lr for m in p.finetune_lr_grid)
     return PruneRun(step=p.step, finetune_steps=finetune_steps, finetune_lr=p.finetune_lr,
-                    finetune_lr_grid=grid if finetune_steps else (), **p.prune_data())
+                    finetune_lr_grid=grid if finetune_steps else (), bias_compensation=p.bias_compensation,
+                    **p.prune_data())
 
 
 def prune_units(sweep: Sweep, dense: list[Unit]) -> list[Unit]:

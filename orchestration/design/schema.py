@@ -142,6 +142,9 @@ class PruneSpec(PruneData):
     finetune_lr: float | None = Field(default=None, gt=0)
     finetune_lr_grid: Annotated[list[Annotated[float, Field(gt=0)]], NonEmpty, AfterValidator(_unique)] = list(
         DEFAULT_FINETUNE_LR_GRID)
+    # FLAP's bias compensation as the heads go (the removed heads' mean output into the bias); absent: each
+    # method's own recipe (on for flap, off for the others)
+    bias_compensation: bool | None = None
     tolerance: float = Field(default=DEFAULT_TOLERANCE, gt=0)  # relative: pruned loss <= dense loss * (1 + tolerance)
     # prune timing: fractions p of the dense run's steps T at which its heads are removed (the dense run keeps a
     # checkpoint at each p·T < T; the pruned model trains on to T, then the recovery fine-tune). 0: at init.
