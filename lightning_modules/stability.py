@@ -27,7 +27,6 @@ from .methods import get_method
 from .scoring import ranked, score_heads
 
 RATIOS = (0.25, 0.5, 0.75)  # the ratios every method's overlap is read at (with the unit's own)
-LOW_SPEARMAN = 0.5  # below this the report calls a ranking unstable
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:

@@ -111,8 +111,9 @@ def test_a_compensated_llama_saves_and_loads_with_its_bias(tmp_path):
 
 
 def test_the_plan_compensates_for_flap_and_charges_one_forward_pass():
-    """flap's recipe compensates, the others' does not, a sweep's `bias_compensation` overrides either (and enters
-    the key only when set); the charge is one more forward pass per calibration token."""
+    """flap's recipe compensates, the others' does not, a sweep's `bias_compensation` overrides either; a unit's key
+    changes exactly when what its prune does changes (gradient set to false keeps its key, flap's does not); the
+    charge is one more forward pass per calibration token."""
     from lightning_modules.methods import scoring_flops
     from orchestration.design.plan import build_plan
     from orchestration.design.spec import parse_sweep
@@ -125,6 +126,6 @@ def test_the_plan_compensates_for_flap_and_charges_one_forward_pass():
     off = {u.method: u for u in units[", bias_compensation: false"] if u.seed == 0}
     assert on["flap"].plan.compensates and not on["gradient"].plan.compensates
     assert not off["flap"].plan.compensates
-    assert on["flap"].key != off["flap"].key and on["gradient"].key != off["gradient"].key  # set: in the key
+    assert on["flap"].key != off["flap"].key and on["gradient"].key == off["gradient"].key
     assert scoring_flops("flap", 8, 10, 40, 7.0, compensate=True) == (1 + 1) * 40 * 7.0
     assert scoring_flops("flap", 8, 10, 40, 7.0) == 1 * 40 * 7.0

@@ -18,7 +18,7 @@ from lightning_modules.config import (
     model_config_for,
     train_config_for,
 )
-from lightning_modules.methods import charged_method, compensates, scoring_flops, scoring_passes
+from lightning_modules.methods import charged_method, compensates, get_method, scoring_flops, scoring_passes
 from lightning_modules.prune_plan import PrunePlan
 
 from .schema import Sweep
@@ -213,6 +213,14 @@ def _prune_run(sweep: Sweep, dense_lr: float | None, finetune_steps: int) -> Pru
                     **p.prune_data())
 
 
+def _compensation(method: str, setting: bool | None) -> bool | None:
+    """A prune unit's bias compensation as its key holds it: what the prune does (the setting, or the method's
+    recipe), None where that is the default of a method that does not compensate — so a unit's key changes
+    exactly when what it does changes."""
+    on = compensates(method, setting)
+    return on if on or get_method(method).compensates else None
+
+
 def prune_units(sweep: Sweep, dense: list[Unit]) -> list[Unit]:
     """Stage 3: one unit per (dense checkpoint × method × ratio × scope × schedule). Train once, prune many. The
     recovery fine-tune's rate is the sweep's `finetune_lr`, or chosen on val from `finetune_lr_grid` × the dense
@@ -223,6 +231,7 @@ def prune_units(sweep: Sweep, dense: list[Unit]) -> list[Unit]:
         for (f, kind), at, method, ratio, scope, schedule in itertools.product(
                 recoveries(sweep), p.at, p.methods, p.ratios, p.scope, p.schedule):
             run = _prune_run(sweep, d.train.lr if d.model is not None else None, f)  # None: a pretrained model's
+            run = run.model_copy(update={"bias_compensation": _compensation(method, p.bias_compensation)})
             out.append(Unit("prune", "pruned", d.scale, d.family, d.seed, d.model, d.train, d.data, d.corpus_hash,
                             d.heads, method=method, ratio=ratio, scope=scope, schedule=schedule,
                             # the mask-only curve is of the trained model: a prune during training draws none

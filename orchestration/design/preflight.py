@@ -13,7 +13,6 @@ fine-tune. Where a count depends on the data (a whole-split evaluation), its sta
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field, replace
 
 from lightning_modules.arms import Budget

@@ -264,6 +264,8 @@ class Sweep(Strict):
             prune["finetune_steps"] = prune["finetune_steps"][0]
         if prune["recovery"] == ["lm"] and prune["distill"] == DistillSpec().model_dump(mode="json"):
             del prune["recovery"], prune["distill"]  # the defaults: no distillation, the hash of before
+        if prune["bias_compensation"] is None:  # each method's recipe: the hash of before (a unit's key says what
+            del prune["bias_compensation"]  # its prune does: plan.prune_units)
         return hashlib.sha256(json.dumps(science, sort_keys=True).encode()).hexdigest()[:12]
 
     @property

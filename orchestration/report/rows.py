@@ -324,7 +324,7 @@ class Stability:
     spearman_layer_min: float | None
     overlap: dict
     chance: dict
-    low: bool  # Spearman below stability.LOW_SPEARMAN
+    low: bool  # Spearman below scorers.LOW_SPEARMAN
 
     def to_json(self) -> dict:
         return {**asdict(self), "overlap": {f"{r:g}": v for r, v in self.overlap.items()},

@@ -9,7 +9,7 @@ floor an informed method should clear.
 
 Stability: per (cell, family, method, scope), the split-half agreement the prune runs measured
 (lightning_modules/stability.py; metrics stability/*), mean over seeds, with the lowest seed's Spearman. A ranking is
-called low below stability.LOW_SPEARMAN: information for reading the gaps, not a trust check. The prune runs of one
+called low below LOW_SPEARMAN (0.5): information for reading the gaps, not a trust check. The prune runs of one
 seed at several ratios read the same split halves; their numbers are merged, one value per seed.
 """
 
@@ -18,13 +18,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from lightning_modules.stability import LOW_SPEARMAN
 from orchestration.running import metrics as M
 
 from .analysis import PRIMARY, _window_diffs, by_scale, mean, pruned_groups
 from .read import Run, Windows
 from .rows import MethodGap, Stability, other_axes
 from .stats import ALPHA, holm, paired
+
+LOW_SPEARMAN = 0.5  # below this the report calls a ranking unstable
 
 
 def method_gaps(runs: list[Run], windows: Windows | None = None, reference: str = PRIMARY["method"]) -> list[MethodGap]:
