@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .config import HeadroomInputError, Strict, heads_removed
+from .config import HeadroomInputError, Seed, Strict, heads_removed
 from .methods import compensates, get_method
 
 # defaults used wherever a prune is set up (sweep files, `headroom prune`, the prune trials)
@@ -87,7 +87,7 @@ class PrunePlan(Recovery):
     ratio: float = Field(ge=0, lt=1)
     scope: Scope = "per_layer"
     schedule: PruneSchedule = "one_shot"
-    seed: int = Field(default=0, ge=0)
+    seed: Seed = 0
 
     @model_validator(mode="after")
     def _finetune_rate(self):

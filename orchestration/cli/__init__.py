@@ -4,6 +4,7 @@ line on stderr and exits 2, having started and written nothing."""
 from __future__ import annotations
 
 import argparse
+import math
 import base64
 import json
 import os
@@ -15,13 +16,21 @@ from pathlib import Path
 from typing import Literal, get_args, get_origin
 
 from lightning_modules.checkpoints import checkpoint_info
-from lightning_modules.config import FAMILIES, PRESET_FIELDS, SCALES, HeadroomInputError, TrainConfig
+from lightning_modules.config import (
+    FAMILIES,
+    MAX_INT,
+    MAX_SEED,
+    PRESET_FIELDS,
+    SCALES,
+    HeadroomInputError,
+    TrainConfig,
+)
 from lightning_modules.methods import METHODS
 from lightning_modules.prune_plan import DEFAULT_CALIBRATION_BATCHES, DEFAULT_FINETUNE_LR, Scope
 from lightning_modules.tokens import planned_vocab_size
 from orchestration.design.packing import packing_note
 from orchestration.design.plan import build_plan, pretrained_units
-from orchestration.design.preflight import format_table, plan_rows
+from orchestration.design.preflight import compute_note, format_table, plan_rows
 from orchestration.design.spec import load_sweep, resolve_tracking_uri
 from orchestration.report import headline_table, write_report
 from orchestration.running.frameworks import quiet_frameworks as _quiet_frameworks
@@ -40,13 +49,39 @@ class _Parser(argparse.ArgumentParser):
         raise HeadroomInputError(message)
 
 
-def _positive_int(s: str) -> int:
+def _int(s: str, low: int = -MAX_INT - 1, high: int = MAX_INT) -> int:
+    """An integer flag within what the code downstream holds (config.MAX_INT: a signed 64-bit integer)."""
     try:
         v = int(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {v}")
+    if v < low:
+        raise argparse.ArgumentTypeError(f"must be at least {low}, got {v}")
+    if v > high:
+        raise argparse.ArgumentTypeError(f"must be at most {high}, got {v}")
+    return v
+
+
+def _positive_int(s: str) -> int:
+    return _int(s, 1)
+
+
+def _count(s: str) -> int:
+    return _int(s, 0)
+
+
+def _seed(s: str) -> int:
+    return _int(s, 0, MAX_SEED)  # config.MAX_SEED: what numpy's and torch's generators accept with room
+
+
+def _float(s: str) -> float:
+    """A float flag: finite (no inf or nan reaches a config)."""
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {s}")
     return v
 
 
@@ -59,7 +94,7 @@ def _flag_of(field) -> dict:
         return {"choices": get_args(ann)}
     if ann is int and any(getattr(m, "gt", None) == 0 for m in field.metadata):
         return {"type": _positive_int}
-    return {"type": ann}
+    return {"type": {int: _int, float: _float}.get(ann, ann)}  # bounded: within int64, finite
 
 
 def _head_dim(s: str):
@@ -80,7 +115,7 @@ def _add_train(sub) -> None:
         field = TrainConfig.model_fields[name]
         default = "the scale preset's" if name in PRESET_FIELDS else field.default
         p.add_argument("--" + name.replace("_", "-"), help=help_text or f"default: {default}", **_flag_of(field))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--data", default="stdlib", help="stdlib | path:GLOB | hf:NAME[:CONFIG] | mqar")
     p.add_argument("--shift", help="a second source for the shifted eval set (path:GLOB or hf:NAME)")
     p.add_argument("--tokenizer", default="byte", help="byte | bpe | pretrained:DIR")
@@ -102,7 +137,7 @@ def _add_data_args(p) -> None:
     p.add_argument("--batch-size", type=_positive_int)
     p.add_argument("--seq-len", type=_positive_int)
     p.add_argument("--calibration-batches", type=_positive_int, default=DEFAULT_CALIBRATION_BATCHES)
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--seed", type=_seed, default=None,
                    help="data order and random scores (default: the run's own seed, else 0)")
 
 
@@ -122,12 +157,12 @@ def _add_prune(sub) -> None:
                                    "write the pruned model and metrics.json.")
     p.add_argument("checkpoint", help="a `headroom train` run directory or a Hugging Face model directory")
     p.add_argument("--method", required=True, help=f"one of {', '.join(METHODS)}")
-    p.add_argument("--ratio", type=float, required=True, help="fraction of heads to remove, in [0, 1)")
+    p.add_argument("--ratio", type=_float, required=True, help="fraction of heads to remove, in [0, 1)")
     p.add_argument("--scope", choices=get_args(Scope), default="per_layer")
-    p.add_argument("--iterative", type=float, metavar="STEP",
+    p.add_argument("--iterative", type=_float, metavar="STEP",
                    help="remove STEP of the heads at a time, re-scoring in between (default: one shot)")
-    p.add_argument("--finetune-steps", type=int, default=0)
-    p.add_argument("--finetune-lr", type=float, default=DEFAULT_FINETUNE_LR)
+    p.add_argument("--finetune-steps", type=_count, default=0)
+    p.add_argument("--finetune-lr", type=_float, default=DEFAULT_FINETUNE_LR)
     p.add_argument("--bias-compensation", action=argparse.BooleanOptionalAction, default=None,
                    help="fold the removed heads' mean output into the output projection's bias (FLAP); default: "
                         "the method's own recipe (on for flap)")
@@ -295,7 +330,8 @@ def _print_plan(sweep, as_json: bool) -> int:
     if as_json:
         print(json.dumps([r.to_json() for r in rows], indent=1))
     else:
-        print("\n".join(x for x in (format_table(rows, f"{vocab} ({how})"), packing_note(sweep, rows)) if x))
+        print("\n".join(x for x in (format_table(rows, f"{vocab} ({how})"), packing_note(sweep, rows),
+                                     compute_note(rows)) if x))
     return 0
 
 

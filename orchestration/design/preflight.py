@@ -346,3 +346,27 @@ def cluster_note(rows: list[PlanRow]) -> str:
             + f". A cluster of {widest['cpu']:g} CPUs{gpus} runs the widest stage in one wave; a smaller one "
             "queues its trials, and any cluster with at least one trial's resources finishes the sweep.")
 
+
+# nominal peaks the absurd-compute note divides by: a CPU core's fp32 vector peak (2 FMA units × 16 lanes × 2 FLOPs
+# × ~3 GHz) and a datacenter GPU's dense bf16 peak (H100: about 1e15)
+CPU_PEAK, GPU_PEAK = 2e11, 1e15
+ABSURD_S = 365 * 86400  # a year
+
+
+def compute_note(rows: list[PlanRow]) -> str:
+    """A line for the plan's summary when the sweep's estimated compute is absurd for the resources it declares:
+    more than a year at the nominal peak of the widest stage's CPUs and GPUs (every trial of a stage at once);
+    empty otherwise. A note, not a refusal: a long sweep may be meant."""
+    needs = cluster_needs(rows)
+    if not needs:
+        return ""
+    widest = max(needs.values(), key=lambda v: (v["gpu"], v["cpu"]))
+    rate = widest["cpu"] * CPU_PEAK + widest["gpu"] * GPU_PEAK
+    total = sum(r.est_flops * (r.trials or 1) for r in rows)
+    seconds = total / rate
+    if seconds <= ABSURD_S:
+        return ""
+    return (f"Note: the estimated {_si(total)}FLOP would take about {seconds / ABSURD_S:.3g} years on "
+            f"{widest['cpu']:g} CPUs" + (f" and {widest['gpu']:g} GPUs" if widest["gpu"] else "")
+            + f" at their nominal peak ({_si(CPU_PEAK)}FLOP/s per CPU, {_si(GPU_PEAK)}FLOP/s per GPU): check the "
+            "step counts and the resources before running it.")

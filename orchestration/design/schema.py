@@ -11,7 +11,7 @@ from pydantic import AfterValidator, Field, create_model, field_validator, model
 from pydantic.fields import FieldInfo
 
 from lightning_modules.arms import check_control
-from lightning_modules.config import SCALES, DataConfig, Family, Strict, TrainConfig
+from lightning_modules.config import SCALES, DataConfig, Family, Seed, Strict, TrainConfig
 from lightning_modules.prune_plan import (
     DEFAULT_FINETUNE_LR_GRID,
     DEFAULT_STEP,
@@ -162,7 +162,7 @@ class LrSearch(Strict):
     high: float = Field(gt=0)
     steps: int = Field(gt=0)  # training steps of one search trial
     grace_period: int = Field(default=1, gt=0)  # validation reports before ASHA may stop a trial
-    seed: int = Field(default=0, ge=0)
+    seed: Seed = 0
 
     @model_validator(mode="after")
     def _bounds(self):
@@ -221,7 +221,7 @@ class Sweep(Strict):
     family: Annotated[list[Family], NonEmpty, AfterValidator(_unique)] | None = None
     data: DataConfig = DataConfig()
     scales: dict[str, ScaleSpec] | None = None
-    seeds: Annotated[list[Annotated[int, Field(ge=0)]], NonEmpty, AfterValidator(_unique)] = [0]
+    seeds: Annotated[list[Seed], NonEmpty, AfterValidator(_unique)] = [0]
     prune: PruneSpec
     controls: Annotated[list[Annotated[str, AfterValidator(check_control)]], AfterValidator(_unique)] = []
     lr: LrSpec | None = None

@@ -60,7 +60,13 @@ from pydantic import ValidationError
 
 from lightning_modules.arms import ARMS
 from lightning_modules.checkpoints import checkpoint_info
-from lightning_modules.config import HeadroomInputError, check_compatible, model_config_for, train_config_for
+from lightning_modules.config import (
+    HeadroomInputError,
+    check_compatible,
+    check_tokens,
+    model_config_for,
+    train_config_for,
+)
 from lightning_modules.corpus import check_source
 from lightning_modules.prune_plan import check_ratio_fits
 
@@ -228,8 +234,16 @@ def check_sweep(s: Sweep) -> None:
             for steps in sc.budgets(name):
                 train = train_config_for(name, steps=steps, **sc.overrides.model_dump(exclude_none=True))
                 check_compatible(model, train)
+            # the recovery fine-tune and a search trial train at this scale's batch too
+            check_tokens("prune.finetune_steps", max(s.prune.finetune_steps), train.batch_size, train.seq_len)
+            if s.lr is not None and s.lr.search is not None:
+                check_tokens("lr.search.steps", s.lr.search.steps, train.batch_size, train.seq_len)
         except HeadroomInputError as e:
             raise HeadroomInputError(f"scales.{name}: {e}") from None
+        except ValidationError as e:
+            raise HeadroomInputError(f"scales.{name}: {format_error(e)}") from None
+        except ValueError as e:  # check_tokens: it names its field
+            raise HeadroomInputError(f"{e} (at scale {name})") from None
         _check_ratios(s, model.layer_heads, f"scale {name}")
         _check_resources(s, name, train.batch_size)
     if s.lr is not None and s.lr.search is not None:

@@ -7,10 +7,9 @@
     summary               a table of mean losses (the verdict report is orchestration/report/)
 
 Each stage is one Tuner over the units MLflow does not hold as finished. Within a run Ray retries a failed trial
-(FailureConfig) from its newest Tune checkpoint. Across driver runs the MLflow child of each unit is the index:
-the driver tags it with the unit's newest checkpoint, and `--resume` starts unfinished units from there. (Tune's
-own experiment restore would serve too, but its experiment state is saved at most every 10 s, so a restore can
-rerun a trial that had already finished; the MLflow record is exact.)
+(FailureConfig) from its newest Tune checkpoint. Across driver runs the MLflow child of each unit is the index: the
+driver tags it with the unit's newest checkpoint, and `--resume` starts unfinished units from there (Tune's own
+restore saves its state at most every 10 s and can rerun a finished trial; the MLflow record is exact).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from lightning_modules.config import HeadroomInputError
 from lightning_modules.prepared import DataIdentity, data_identity, prepare
 from orchestration.design import plan as plan_module
 from orchestration.design.plan import Plan, build_plan, lr_candidate, plan_record, pretrained_units
-from orchestration.design.preflight import plan_rows
+from orchestration.design.preflight import compute_note, plan_rows
 from orchestration.design.resources import concurrency, ddp_trials, trial_bundle, trial_resources
 from orchestration.design.schema import Sweep
 from orchestration.design.unit import Unit, arch_key
@@ -62,7 +61,7 @@ class Sweeper:
 
     # ------------------------------------------------------------------------------------------- plumbing
     def say(self, msg: str) -> None:
-        if self.progress:
+        if self.progress and msg:
             print(f"[headroom] {msg}", flush=True)
 
     def _tune(self, stage: str, trainable, param_space: dict, unit_of, n: int, scales: set[str], scale_of,
@@ -245,6 +244,7 @@ class Sweeper:
             self.plan = build_plan(self.sweep, ident.data_hash, ident.vocab_size)
             rows = plan_rows(self.plan)
             self.say(f"plan: {len(rows)} unit(s) checked on the meta device (vocabulary {ident.vocab_size})")
+            self.say(compute_note(rows))  # a sweep too long for its resources: said (when so), not refused
         if prepared is not None and self.plan is not None:
             plan = self.plan
             lengths = {u.train.seq_len for u in (*plan.lr_search, *plan.trained, *plan.pruned, *plan.taught)}
