@@ -36,6 +36,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from fault_audit import audit, judge  # noqa: E402
 from measure import summarize  # noqa: E402
 from stack import ROOT, Stack, missing  # noqa: E402
 
@@ -44,8 +45,6 @@ from orchestration.running.runstore import mlflow_client  # noqa: E402
 KINDS = ("worker", "driver", "mlflow", "postgres", "s3")
 TINY = ("worker", "postgres", "s3")  # CI's: a driver kill costs a minute (test_resume.py has one), MLflow 50 s
 PROGRESS = re.compile(r"^\[headroom\]\s+\d+/\d+ ", re.MULTILINE)  # the driver's line per finished trial
-STEPPED = ("train/loss", "train/lr", "val/loss", "val/ppl")
-ARTIFACTS = {"prune": {"scores.json", "scores.png", "metrics.json"}, "train": {"metrics.json"}}
 
 
 def planned(sweep_file: Path) -> list[dict]:
@@ -270,86 +269,7 @@ class Campaign:
         out["samples"] = [{"kind": f.get("kind"), "recovery_s": f["recovery_s"]} for f in self.faults]
         out["median_recovery_s"] = recovery and recovery["median"]
         out["spread"] = recovery and recovery["spread"]
-        out["goal"] = "units_lost == duplicate_runs == duplicate_steps == missing_steps == missing_artifacts == 0"
-        out["meets_goal"] = all(out[k] == 0 for k in ("units_lost", "duplicate_runs", "duplicate_steps",
-                                                      "missing_steps", "missing_artifacts"))
-        return out
-
-
-# ------------------------------------------------------------------------------------------------ the audit
-
-
-def audit(c, sweep_name: str, plan: list[dict]) -> dict:
-    """What MLflow holds, against the plan: lost, duplicated and missing things, each listed by unit name."""
-    exp = c.get_experiment_by_name(sweep_name)
-    runs = list(c.search_runs([exp.experiment_id], max_results=5000)) if exp else []
-    parents = [r for r in runs if r.data.tags.get("headroom.role") == "parent"]
-    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
-    by_key: dict[str, list] = {}
-    for r in children:
-        by_key.setdefault(r.data.tags["headroom.key"], []).append(r)
-    by_name: dict[str, list] = {}
-    for r in children:
-        by_name.setdefault(r.info.run_name, []).append(r)
-    expected = [row["name"] for row in plan if row["stage"] != "lr_search"]
-    lr_expected = sum(row["trials"] or 0 for row in plan if row["stage"] == "lr_search")
-    finished = lambda rs: any(r.info.status == "FINISHED" for r in rs)
-    lost = [n for n in expected if not finished(by_name.get(n, []))]
-    lr_done = sum(1 for rs in by_key.values()
-                  if rs[0].data.tags["headroom.stage"] == "lr_search" and finished(rs))
-    # an lr candidate whose driver was killed is closed KILLED and the study samples another rate in its place
-    lr_killed = sum(1 for rs in by_key.values()
-                    if rs[0].data.tags["headroom.stage"] == "lr_search" and not finished(rs))
-    dup_runs = {k: len(rs) - 1 for k, rs in by_key.items() if len(rs) > 1}
-    dup_steps, missing_steps, missing_arts = {}, {}, {}
-    for r in children:
-        name, stage = r.info.run_name, r.data.tags["headroom.stage"]
-        for metric in STEPPED:
-            if metric not in r.data.metrics and stage == "prune":
-                continue
-            steps = [m.step for m in c.get_metric_history(r.info.run_id, metric)]
-            if len(steps) != len(set(steps)):
-                dup_steps[f"{name} {metric}"] = len(steps) - len(set(steps))
-            if r.info.status != "FINISHED" or stage == "prune":
-                continue
-            top = int(r.data.params["steps"]) if stage == "train" else max(steps, default=0)
-            if metric.startswith("train/"):
-                gone = set(range(1, top + 1)) - set(steps)
-            else:  # validation every val_every steps (the training's own interval)
-                every = int(r.data.params.get("val_every") or 0) or top
-                gone = set(range(every, top + 1, every)) - set(steps)
-            if gone:
-                missing_steps[f"{name} {metric}"] = len(gone)
-        if r.info.status == "FINISHED" and stage in ARTIFACTS:
-            want = set(ARTIFACTS[stage])
-            if stage == "prune" and r.data.tags.get("headroom.prune_at") == "1":
-                want.add("prune_curve.png")
-            have = {a.path: a.file_size for a in c.list_artifacts(r.info.run_id)}
-            absent = [f for f in sorted(want) if not have.get(f)]
-            with tempfile.TemporaryDirectory() as d:  # listed is not enough: read one back through the server
-                probe = sorted(want)[0]
-                if probe in have:
-                    try:
-                        if Path(c.download_artifacts(r.info.run_id, probe, d)).stat().st_size != have[probe]:
-                            absent.append(probe)
-                    except Exception:
-                        absent.append(probe)
-            if absent:
-                missing_arts[name] = absent
-    report = set()
-    if parents:
-        report = {a.path for a in c.list_artifacts(parents[0].info.run_id, "report")}
-    for f in ("report/verdict.json", "report/report.html"):
-        if f not in report:
-            missing_arts.setdefault("parent", []).append(f)
-    return {"units_expected": len(expected) + lr_expected,
-            "units_finished": len(expected) - len(lost) + lr_done,
-            "units_lost": len(lost) + max(0, lr_expected - lr_done), "lost": lost,
-            "parent_runs": len(parents), "lr_candidates_replaced": lr_killed,
-            "duplicate_runs": sum(dup_runs.values()), "duplicated": sorted(dup_runs),
-            "duplicate_steps": sum(dup_steps.values()), "duplicated_steps": dup_steps,
-            "missing_steps": sum(missing_steps.values()), "missing": missing_steps,
-            "missing_artifacts": sum(len(v) for v in missing_arts.values()), "missing_files": missing_arts}
+        return judge(out, self.kinds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps({k: res[k] for k in ("faults_injected", "units_expected", "units_finished", "units_lost",
+    print(json.dumps({k: res[k] for k in ("faults_requested", "faults_injected", "units_expected", "units_finished",
+                                          "units_lost",
                                           "duplicate_runs", "duplicate_steps", "missing_steps", "missing_artifacts",
                                           "meets_goal")}))
     return 0

@@ -189,6 +189,25 @@ def test_fault_campaign_refuses_bad_input_with_one_line(tmp_path):
     assert not (tmp_path / "f.json").exists()
 
 
+def test_a_fault_campaign_that_injected_less_than_asked_does_not_meet_its_goal():
+    """faults.judge: a clean audit meets the goal only when every requested fault was injected and every requested
+    kind among them (a sweep that ended first leaves faults uninjected)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from fault_audit import judge
+
+    clean = dict.fromkeys(("units_lost", "duplicate_runs", "duplicate_steps", "missing_steps", "missing_artifacts"), 0)
+    kinds = ["worker", "driver", "mlflow", "postgres", "s3"] * 4
+    five = [{"kind": k} for k in kinds[:5]]
+    short = judge({**clean, "faults": five, "faults_injected": 5}, kinds)
+    assert short["faults_requested"] == 20 and short["meets_goal"] is False and short["kinds_missing"] == []
+    partial = judge({**clean, "faults": five[:3], "faults_injected": 3}, kinds[:3])
+    assert partial["meets_goal"] is True and partial["faults_requested"] == 3
+    missing = judge({**clean, "faults": [{"kind": "worker"}] * 3, "faults_injected": 3}, ["worker", "s3", "worker"])
+    assert missing["kinds_missing"] == ["s3"] and missing["meets_goal"] is False
+    lost = judge({**clean, "units_lost": 1, "faults": five, "faults_injected": 5}, kinds[:5])
+    assert lost["meets_goal"] is False
+
+
 def test_gpu_memory_writes_json_and_the_gpu_check_refuses_a_machine_without_cuda(tmp_path, smoke):
     """The GPU check's memory script runs on the CPU at tiny size (devices only: a CPU has no allocator peak) and
     asserts where evaluation ran; the GPU check itself says in one line that there is no GPU, exit 2. Its summary

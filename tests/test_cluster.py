@@ -59,7 +59,8 @@ def test_cluster_has_two_nodes_and_refuses_a_missing_or_wrong_token(cluster):
 def test_the_faulted_sweep_loses_and_duplicates_nothing(campaign):
     """A trial worker killed -9; PostgreSQL and S3 restarted (the driver kill and `--resume`, a minute more, is in
     tests/test_resume.py; MLflow restarts, about 50 s more, in the full campaign)."""
-    assert campaign["faults_injected"] == 3, campaign["faults"]
+    assert campaign["faults_injected"] == campaign["faults_requested"] == 3, campaign["faults"]
+    assert campaign["kinds_missing"] == []
     assert {f["kind"] for f in campaign["faults"]} == {"worker", "postgres", "s3"}
     # 21 units (one a half-budget dense run) and 2 searches × 2 lr candidates
     assert campaign["units_expected"] == 25 and campaign["parent_runs"] == 1
