@@ -39,9 +39,10 @@ def output_means(model, batches: Sequence[dict]) -> list[torch.Tensor]:
     handles = [fam.out_proj(a).register_forward_pre_hook(hook(l)) for l, a in enumerate(fam.attentions(model))]
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     try:
         for b in batches:
-            model(input_ids=b["input_ids"])
+            model(input_ids=b["input_ids"].to(device))
     finally:
         for h in handles:
             h.remove()
@@ -67,6 +68,9 @@ def compensate(model, keep: Sequence[Sequence[int]], means: list[torch.Tensor]) 
     """Fold the mean output of every head not in keep[l] into layer l's output-projection bias (before the heads
     are removed: `heads.prune_heads`)."""
     fam = family_of(model)
+    if fam.name == "llama" and fam.out_proj(fam.attentions(model)[0]).bias is None:
+        for attn in fam.attentions(model):  # attention_bias is the whole model's: every layer gets zero biases
+            _with_bias(model, attn, fam)
     for l, attn in enumerate(fam.attentions(model)):
         n, _, hd = fam.shape(attn)
         gone = [h for h in range(n) if h not in set(keep[l])]

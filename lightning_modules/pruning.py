@@ -313,7 +313,7 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
             dense = {s: evaluate_loss(model, l, loss_fn) for s, l in loaders.items()}
     with timer("score_s"):
         keep, scores = select_heads(model, calib, plan, loss_fn=loss_fn, **(method_options or {}))
-        # information, not the choice: how far the ranking of each half of the calibration batches agrees
+    with timer("stability_s"):  # information, not the choice: how far each half of the calibration agrees
         stable = split_half(model, calib, plan.method, plan.scope, plan.ratio, loss_fn,
                             **{"seed": plan.seed, **(method_options or {})})
     gate = head_gate(model)

@@ -57,8 +57,9 @@ def _removed(scores: torch.Tensor, heads: list[int], ratio: float, scope: str) -
 
 
 def _chance(removed: set[tuple[int, int]], heads: list[int], scope: str) -> float:
-    """The expected overlap of two random choices of the same sizes: k/N over the model (global), or per layer
-    Σ k_l²/n_l over Σ k_l (per_layer)."""
+    """The expected overlap of two random choices of the same sizes: k/N over the model (global; a slight
+    underestimate where keeping a layer's last head constrains the choice), or per layer Σ k_l²/n_l over Σ k_l
+    (per_layer)."""
     if scope == "global":
         return len(removed) / sum(heads)
     k = [sum(1 for l2, _ in removed if l2 == l) for l in range(len(heads))]

@@ -110,6 +110,26 @@ def test_a_compensated_llama_saves_and_loads_with_its_bias(tmp_path):
             torch.testing.assert_close(loaded.eval()(input_ids=x).logits, want)
 
 
+def test_a_llama_layer_that_keeps_every_head_gets_zero_biases_too(tmp_path):
+    """attention_bias is the whole model's: a layer losing no head still gets (zero) biases, or the saved model
+    would not load (grouped-query attention here: 4 query heads on 2 key/value heads)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lightning_modules.models import load_model, save_model
+
+    torch.manual_seed(0)
+    dense = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=64)).eval()
+    batches = _batches()
+    pruned = prune_heads(copy.deepcopy(dense), [[0, 1], [0, 1, 2, 3]], output_means(dense, batches))
+    kept = pruned.model.layers[1].self_attn
+    assert kept.o_proj.bias is not None and kept.o_proj.bias.abs().sum() == 0
+    save_model(pruned, tmp_path / "m")
+    x = batches[0]["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(tmp_path / "m")(input_ids=x).logits, pruned(input_ids=x).logits)
+
+
 def test_the_plan_compensates_for_flap_and_charges_one_forward_pass():
     """flap's recipe compensates, the others' does not, a sweep's `bias_compensation` overrides either; a unit's key
     changes exactly when what its prune does changes (gradient set to false keeps its key, flap's does not); the
@@ -127,5 +147,10 @@ def test_the_plan_compensates_for_flap_and_charges_one_forward_pass():
     assert on["flap"].plan.compensates and not on["gradient"].plan.compensates
     assert not off["flap"].plan.compensates
     assert on["flap"].key != off["flap"].key and on["gradient"].key == off["gradient"].key
+    # a prune during training does not compensate: keyed and charged so
+    at = {u.prune_at: u for u in build_plan(parse_sweep(text.replace("methods: [flap, gradient]",
+                                                                      "methods: [flap], at: [0.5, 1]")), "c").pruned
+          if u.seed == 0}
+    assert at[1.0].plan.compensates and not at[0.5].plan.compensates and at[0.5].prune.bias_compensation is False
     assert scoring_flops("flap", 8, 10, 40, 7.0, compensate=True) == (1 + 1) * 40 * 7.0
     assert scoring_flops("flap", 8, 10, 40, 7.0) == 1 * 40 * 7.0

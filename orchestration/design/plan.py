@@ -213,11 +213,11 @@ def _prune_run(sweep: Sweep, dense_lr: float | None, finetune_steps: int) -> Pru
                     **p.prune_data())
 
 
-def _compensation(method: str, setting: bool | None) -> bool | None:
+def _compensation(method: str, setting: bool | None, at: float = 1.0) -> bool | None:
     """A prune unit's bias compensation as its key holds it: what the prune does (the setting, or the method's
-    recipe), None where that is the default of a method that does not compensate — so a unit's key changes
-    exactly when what it does changes."""
-    on = compensates(method, setting)
+    recipe; a prune during training, p < 1, never compensates), None where that is the default of a method that
+    does not compensate — so a unit's key, and its charge, change exactly when what it does changes."""
+    on = compensates(method, setting) and at == 1
     return on if on or get_method(method).compensates else None
 
 
@@ -231,7 +231,7 @@ def prune_units(sweep: Sweep, dense: list[Unit]) -> list[Unit]:
         for (f, kind), at, method, ratio, scope, schedule in itertools.product(
                 recoveries(sweep), p.at, p.methods, p.ratios, p.scope, p.schedule):
             run = _prune_run(sweep, d.train.lr if d.model is not None else None, f)  # None: a pretrained model's
-            run = run.model_copy(update={"bias_compensation": _compensation(method, p.bias_compensation)})
+            run = run.model_copy(update={"bias_compensation": _compensation(method, p.bias_compensation, at)})
             out.append(Unit("prune", "pruned", d.scale, d.family, d.seed, d.model, d.train, d.data, d.corpus_hash,
                             d.heads, method=method, ratio=ratio, scope=scope, schedule=schedule,
                             # the mask-only curve is of the trained model: a prune during training draws none

@@ -16,6 +16,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 
 from lightning_modules.arms import Budget
+from lightning_modules.methods import get_method, scoring_flops
 from lightning_modules.config import (
     EVAL_CAP_TOKENS,
     HeadroomInputError,
@@ -150,7 +151,7 @@ def _train_cost(sweep: Sweep, t: TrainConfig, fwd: int, final_eval: bool = True)
 def _prune_cost(sweep: Sweep, u: Unit, arm: Budget, fwd_dense: int, fwd_pruned: int) -> int:
     """A prune trial's compute: the arm's work after the dense checkpoint (scoring, every candidate fine-tune with
     its teacher passes; a prune during training's continued steps are its own term), the mask-only curve, the
-    evaluations before and after recovery and each candidate's validation."""
+    evaluations before and after recovery, each candidate's validation and the split-half re-scoring."""
     t = u.train
     sets = _eval_sets(sweep)
     ev = _eval_tokens(t, t.eval_batches)
@@ -161,7 +162,11 @@ def _prune_cost(sweep: Sweep, u: Unit, arm: Budget, fwd_dense: int, fwd_pruned: 
     evals = sets * ev * (fwd_dense + fwd_pruned)  # before and after fine-tune (dense: its train trial measured)
     candidates = len(u.plan.finetune_lrs) * ev * fwd_pruned
     work = replace(arm, dense_steps=0, continued_steps=0).arm_flops_per_token(fwd_dense, fwd_pruned)
-    return int(work * t.batch_size * t.seq_len + curve + evals + candidates)
+    bt = t.batch_size * t.seq_len
+    # the split-half stability scores each half of the calibration batches once more (not the arm's compute)
+    halves = scoring_flops(u.method, sum(arm.dense.layer_heads), bt, u.prune.calibration_batches * bt,
+                           fwd_dense) if get_method(u.method).needs_calibration else 0
+    return int(work * bt + curve + evals + candidates + halves)
 
 
 # ------------------------------------------------------------------------------------------------ rows

@@ -20,7 +20,7 @@ from collections import defaultdict
 
 from orchestration.running import metrics as M
 
-from .analysis import PRIMARY, _window_diffs, by_scale, mean, pruned_groups
+from .analysis import PRIMARY, _window_diffs, at_recovery, by_scale, mean, primary_recovery, pruned_groups
 from .read import Run, Windows
 from .rows import MethodGap, Stability, other_axes
 from .stats import ALPHA, holm, paired
@@ -32,7 +32,8 @@ def method_gaps(runs: list[Run], windows: Windows | None = None, reference: str 
     """Every method's pre-fine-tune loss minus `reference`'s, per group and eval set (see the module docstring);
     empty when the sweep prunes with one method or without the reference."""
     windows = windows or Windows(None)
-    groups = pruned_groups(runs)
+    # the masked model is the same whatever recovery follows: one recovery's runs (a sweep's primary one)
+    groups = pruned_groups(at_recovery(runs, primary_recovery(runs)))
     if len({k.method for k in groups}) < 2:
         return []
     sets = sorted({k.split("/")[1] for r in runs for k in r.metrics if k.startswith(M.PRE_FT + "/")

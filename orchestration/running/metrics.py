@@ -89,7 +89,8 @@ def windows_excluded(split: str) -> str:
     return f"eval/{split}/windows_excluded"
 
 
-WORK_KINDS = ("train_s", "eval_s", "score_s")  # cost/<kind>: seconds of a unit in training, evaluation, scoring
+# cost/<kind>: seconds of a unit in training, evaluation, scoring, and re-scoring the halves of its calibration
+WORK_KINDS = ("train_s", "eval_s", "score_s", "stability_s")
 
 
 def timing(t: dict) -> dict:
