@@ -44,8 +44,9 @@ def _quiet_transformers():
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    if f"{ROTARY}_sdpa" not in transformers.AttentionInterface._global_mapping:
-        _register_rotary()
+    from .hf_remote import register_rotary  # imports transformers: here, once it is wanted
+
+    register_rotary()
     return transformers
 
 
@@ -57,48 +58,6 @@ def plain_heads(cfg: ModelConfig) -> bool:
     return cfg.family == "decoder" or cfg.d_model // cfg.n_heads == cfg.head_dim
 
 
-# ------------------------------------------------------------------------------- rotary BERT attention
-
-ROTARY = "headroom_rope"
-_ROPE_CACHE: dict = {}
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(x_BHTd: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
-    """Rotate query/key vectors by their position (positions 0..T-1; an encoder has no cache)."""
-    t, d = x_BHTd.shape[-2], x_BHTd.shape[-1]
-    key = (t, d, base, x_BHTd.device, x_BHTd.dtype)
-    if key not in _ROPE_CACHE:
-        inv = 1.0 / (base ** (torch.arange(0, d, 2, device=x_BHTd.device).float() / d))
-        freqs = torch.outer(torch.arange(t, device=x_BHTd.device).float(), inv)
-        emb = torch.cat([freqs, freqs], dim=-1)  # [T, d]
-        _ROPE_CACHE[key] = (emb.cos().to(x_BHTd.dtype), emb.sin().to(x_BHTd.dtype))
-    cos, sin = _ROPE_CACHE[key]
-    return x_BHTd * cos + _rotate_half(x_BHTd) * sin
-
-
-def _register_rotary() -> None:
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
-    from transformers.models.bert.modeling_bert import eager_attention_forward
-
-    def rope_sdpa(module, query, key, value, attention_mask, **kwargs):
-        return sdpa_attention_forward(module, apply_rotary(query), apply_rotary(key), value, attention_mask, **kwargs)
-
-    def rope_eager(module, query, key, value, attention_mask, **kwargs):
-        return eager_attention_forward(module, apply_rotary(query), apply_rotary(key), value, attention_mask, **kwargs)
-
-    AttentionInterface.register(f"{ROTARY}_sdpa", rope_sdpa)
-    AttentionInterface.register(f"{ROTARY}_eager", rope_eager)
-    AttentionMaskInterface.register(f"{ROTARY}_sdpa", sdpa_mask)
-    AttentionMaskInterface.register(f"{ROTARY}_eager", eager_mask)
-
-
 def is_rotary_encoder(model) -> bool:
     return bool((getattr(model.config, "headroom", None) or {}).get("rotary"))
 
@@ -106,6 +65,8 @@ def is_rotary_encoder(model) -> bool:
 def set_attention(model, kind: str = "sdpa") -> None:
     """Switch the attention implementation (`sdpa`, or `eager`, which can return attention weights), keeping
     headroom's rotary encoder rotary."""
+    from .hf_remote import ROTARY  # the rotary attention lives in the file a saved encoder carries
+
     name = f"{ROTARY}_{kind}" if is_rotary_encoder(model) else kind
     for m in model.modules():
         cfg = getattr(m, "config", None)

@@ -37,7 +37,7 @@ from orchestration.running.frameworks import quiet_frameworks as _quiet_framewor
 from orchestration.running.stages import run_sweep
 
 from .bench import add_bench
-from .commands import TRAIN_FLAGS, cmd_prune, cmd_score, cmd_train
+from .commands import TRAIN_FLAGS, cmd_export, cmd_prune, cmd_score, cmd_train
 
 EXIT_BAD_INPUT = 2
 
@@ -219,6 +219,18 @@ def _add_report(sub) -> None:
     p.set_defaults(func=cmd_report)
 
 
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="write a model directory that loads without headroom",
+                       description="Write a checkpoint (a run directory or a model directory) as a Hugging Face "
+                                   "directory with its tokenizer that loads with torch and transformers alone: "
+                                   "plain from_pretrained where transformers can build its shape, otherwise with "
+                                   "trust_remote_code=True through the modeling_headroom.py it carries (per-layer "
+                                   "head counts, pruned GPT-2/BERT heads, headroom's rotary encoder).")
+    p.add_argument("checkpoint", help="a `headroom train`/`headroom prune` run directory or a model directory")
+    p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
+    p.set_defaults(func=cmd_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="headroom", description="Is multi-head attention over-provisioned? "
                                                   "Prune-vs-scratch experiments at several scales.")
@@ -233,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prune(sub)
     _add_sweep(sub)
     _add_report(sub)
+    _add_export(sub)
     add_bench(sub)
     return parser
 

@@ -252,3 +252,21 @@ def cmd_prune(args) -> int:
           + ", ".join(f"{k} {v:.2f}" for k, v in metrics["latency_ms"].items()))
     print(f"wrote {out}/ (model/, {', '.join(RUN_ARTIFACTS)})")
     return 0
+
+
+def cmd_export(args) -> int:
+    from lightning_modules.checkpoints import checkpoint_info
+
+    checkpoint_info(args.checkpoint)  # one line for a missing or unsupported checkpoint, before any framework
+    out = _check_out(args.out)
+    quiet_frameworks()
+    from lightning_modules.export import export
+
+    try:
+        done = export(args.checkpoint, out)
+    except ValueError as e:
+        raise HeadroomInputError(f"checkpoint {args.checkpoint}: {e}") from None
+    how = ("with trust_remote_code=True (modeling_headroom.py: " + done["architecture"] + ")"
+           if done["remote_code"] else "with plain transformers")
+    print(f"exported {args.checkpoint} to {out}: loads {how}; tokenizer: {done['tokenizer'] or 'none'}")
+    return 0
