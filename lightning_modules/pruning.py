@@ -247,10 +247,10 @@ def recover(pruned, data, plan: PrunePlan, loaders: dict, loss_fn, timer: WorkTi
 
 
 class WorkTimer:
-    """Seconds per kind of work: what a trial spends in scoring, evaluation and training steps."""
+    """Seconds per kind of work: what a trial spends in scoring (and re-scoring halves), evaluation and training."""
 
     def __init__(self):
-        self.s: dict[str, float] = {"score_s": 0.0, "eval_s": 0.0, "train_s": 0.0, "latency_s": 0.0}
+        self.s: dict[str, float] = dict.fromkeys(("score_s", "stability_s", "eval_s", "train_s", "latency_s"), 0.0)
 
     def __call__(self, kind: str):
         timer = self
