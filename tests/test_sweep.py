@@ -131,7 +131,7 @@ def test_smoke_sweep_logs_every_training_step_once(smoke):
 
 def test_smoke_scratch_b_gets_the_compute_of_the_pruned_arm(smoke):
     from lightning_modules.config import model_config_for
-    from lightning_modules.costs import scratch_b_steps
+    from lightning_modules.costs import flops_per_token, scratch_b_steps
 
     c = client(smoke["cwd"])
     _, children = split(runs_of(c, "smoke"))
@@ -145,8 +145,9 @@ def test_smoke_scratch_b_gets_the_compute_of_the_pruned_arm(smoke):
             T = int(r.data.tags["headroom.steps"])
             # the pruned arm's recovery: 10 fine-tune steps at each of the 3 candidate rates it chose among, and the
             # gradient scoring its prune runs logged
-            want = scratch_b_steps(model_config_for("xs", fam, 8), model_config_for("xs", fam, 4), T, 3 * 10, 64,
-                                   scoring=scoring[str(T)])
+            dense = model_config_for("xs", fam, 8)
+            passes = scoring[str(T)] / flops_per_token(dense, 64).total  # in dense forward passes per token
+            want = scratch_b_steps(dense, model_config_for("xs", fam, 4), T, 3 * 10, 64, scoring_passes=passes)
             assert int(r.data.params["steps"]) == want > T
 
 
