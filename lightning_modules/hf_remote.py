@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import BertForMaskedLM, GPT2LMHeadModel, LlamaForCausalLM
 
 ROTARY = "headroom_rope"
 _ROPE_CACHE: dict = {}
@@ -74,54 +73,75 @@ def _layers(config) -> tuple[list[dict], int]:
     return list(meta.get("layers") or []), int(meta.get("head_dim") or 0)
 
 
-class HeadroomLlamaForCausalLM(LlamaForCausalLM):
-    def __init__(self, config):
-        super().__init__(config)
-        layers, hd = _layers(config)
-        for layer, spec in zip(self.model.layers, layers):
-            a, n = layer.self_attn, int(spec["heads"])
-            kv, d = int(spec.get("kv_heads", n)), a.q_proj.in_features
-            _empty(a.q_proj, n * hd, d)
-            _empty(a.k_proj, kv * hd, d)
-            _empty(a.v_proj, kv * hd, d)
-            _empty(a.o_proj, a.o_proj.out_features, n * hd)
-            a.head_dim, a.num_key_value_groups, a.scaling = hd, n // kv, hd**-0.5
+def _classes() -> dict:
+    """The classes, built on first use: transformers' GPT-2, Llama and BERT modules load only when one is wanted
+    (headroom imports this file for its rotary attention in every process that builds a model)."""
+    if _BUILT:
+        return _BUILT
+    from transformers import BertForMaskedLM, GPT2LMHeadModel, LlamaForCausalLM
+
+    class HeadroomLlamaForCausalLM(LlamaForCausalLM):
+        def __init__(self, config):
+            super().__init__(config)
+            layers, hd = _layers(config)
+            for layer, spec in zip(self.model.layers, layers):
+                a, n = layer.self_attn, int(spec["heads"])
+                kv, d = int(spec.get("kv_heads", n)), a.q_proj.in_features
+                _empty(a.q_proj, n * hd, d)
+                _empty(a.k_proj, kv * hd, d)
+                _empty(a.v_proj, kv * hd, d)
+                _empty(a.o_proj, a.o_proj.out_features, n * hd)
+                a.head_dim, a.num_key_value_groups, a.scaling = hd, n // kv, hd**-0.5
 
 
-class HeadroomGPT2LMHeadModel(GPT2LMHeadModel):
-    def __init__(self, config):
-        super().__init__(config)
-        layers, hd = _layers(config)
-        for block, spec in zip(self.transformer.h, layers):
-            a, n = block.attn, int(spec["heads"])
-            ref = a.c_attn.weight  # Conv1D: [in, out]
-            d = ref.shape[0]
-            a.c_attn.weight = nn.Parameter(torch.empty(d, 3 * n * hd, dtype=ref.dtype, device=ref.device))
-            a.c_attn.bias = nn.Parameter(torch.empty(3 * n * hd, dtype=ref.dtype, device=ref.device))
-            a.c_attn.nf = 3 * n * hd
-            a.c_proj.weight = nn.Parameter(torch.empty(n * hd, d, dtype=ref.dtype, device=ref.device))
-            a.num_heads, a.head_dim, a.split_size = n, hd, n * hd
-            a.scaling = hd**-0.5 if a.scale_attn_weights else 1.0
-            if a.scale_attn_by_inverse_layer_idx:
-                a.scaling /= float(a.layer_idx + 1)
+    class HeadroomGPT2LMHeadModel(GPT2LMHeadModel):
+        def __init__(self, config):
+            super().__init__(config)
+            layers, hd = _layers(config)
+            for block, spec in zip(self.transformer.h, layers):
+                a, n = block.attn, int(spec["heads"])
+                ref = a.c_attn.weight  # Conv1D: [in, out]
+                d = ref.shape[0]
+                a.c_attn.weight = nn.Parameter(torch.empty(d, 3 * n * hd, dtype=ref.dtype, device=ref.device))
+                a.c_attn.bias = nn.Parameter(torch.empty(3 * n * hd, dtype=ref.dtype, device=ref.device))
+                a.c_attn.nf = 3 * n * hd
+                a.c_proj.weight = nn.Parameter(torch.empty(n * hd, d, dtype=ref.dtype, device=ref.device))
+                a.num_heads, a.head_dim, a.split_size = n, hd, n * hd
+                a.scaling = hd**-0.5 if a.scale_attn_weights else 1.0
+                if a.scale_attn_by_inverse_layer_idx:
+                    a.scaling /= float(a.layer_idx + 1)
 
 
-class HeadroomBertForMaskedLM(BertForMaskedLM):
-    def __init__(self, config):
-        if (getattr(config, "headroom", None) or {}).get("rotary"):
-            register_rotary()
-            config._attn_implementation = f"{ROTARY}_sdpa"
-        super().__init__(config)
-        layers, hd = _layers(config)
-        for layer, spec in zip(self.bert.encoder.layer, layers):
-            s, n = layer.attention.self, int(spec["heads"])
-            d = s.query.in_features
-            for lin in (s.query, s.key, s.value):
-                _empty(lin, n * hd, d)
-            out = layer.attention.output.dense
-            _empty(out, out.out_features, n * hd)
-            s.num_attention_heads, s.attention_head_size, s.all_head_size = n, hd, n * hd
-            s.scaling = hd**-0.5
+    class HeadroomBertForMaskedLM(BertForMaskedLM):
+        def __init__(self, config):
+            if (getattr(config, "headroom", None) or {}).get("rotary"):
+                register_rotary()
+                config._attn_implementation = f"{ROTARY}_sdpa"
+            super().__init__(config)
+            layers, hd = _layers(config)
+            for layer, spec in zip(self.bert.encoder.layer, layers):
+                s, n = layer.attention.self, int(spec["heads"])
+                d = s.query.in_features
+                for lin in (s.query, s.key, s.value):
+                    _empty(lin, n * hd, d)
+                out = layer.attention.output.dense
+                _empty(out, out.out_features, n * hd)
+                s.num_attention_heads, s.attention_head_size, s.all_head_size = n, hd, n * hd
+                s.scaling = hd**-0.5
+
+    _BUILT.update(HeadroomLlamaForCausalLM=HeadroomLlamaForCausalLM, HeadroomGPT2LMHeadModel=HeadroomGPT2LMHeadModel,
+                  HeadroomBertForMaskedLM=HeadroomBertForMaskedLM)
+    return _BUILT
+
+
+_BUILT: dict = {}
+
+
+def __getattr__(name: str):
+    """`modeling_headroom.HeadroomLlamaForCausalLM` and the others, as transformers' auto_map asks for them."""
+    if name.startswith("Headroom"):
+        return _classes()[name]
+    raise AttributeError(name)
 
 
 # the transformers architecture each class stands for, and the Auto class it loads through

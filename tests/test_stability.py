@@ -24,6 +24,20 @@ def test_spearman_by_hand():
     assert spearman([1, 2], [2, 1]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
 
 
+def test_spearman_equals_scipys_with_ties():
+    """The rank correlation without scipy (prune trials do not import it) against scipy.stats.spearmanr."""
+    import random
+
+    from scipy.stats import spearmanr
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(3, 12)
+        a, b = [rng.randint(0, 4) for _ in range(n)], [rng.random() for _ in range(n)]
+        if len(set(a)) > 1:
+            assert spearman(a, b) == pytest.approx(spearmanr(a, b).statistic, abs=1e-12)
+
+
 def test_agreement_of_planted_rankings():
     """Two layers of four heads. Equal rankings agree perfectly; reversed ones within each layer correlate −1, and
     their pruned sets share nothing up to half the heads, 2 of 3 per layer at 0.75. Chance per layer, by hand:
