@@ -200,7 +200,7 @@ def test_global_scope_controls_copy_the_pruned_head_counts(interrupted):
 def test_sigterm_stops_a_background_driver_and_resume_finishes_it(tmp_path, cache_dir):
     """A driver a shell started in the background inherits SIGINT ignored; `kill PID` (SIGTERM) must still end it as
     Ctrl-C does: exit 130, the parent run KILLED, no child left RUNNING; `--resume` then finishes every unit."""
-    text = RESUME_SWEEP.replace("name: resume", "name: sigterm").replace("steps: 100", "steps: 200").replace(
+    text = RESUME_SWEEP.replace("name: resume", "name: sigterm").replace("steps: 100", "steps: 140").replace(
         "seeds: [0, 1]", "seeds: [0]").replace("at: [0.2, 1]", "at: [1]").replace("scope: [per_layer, global]",
                                                                              "scope: [per_layer]")
     (tmp_path / "s.yaml").write_text(text)

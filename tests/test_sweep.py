@@ -378,14 +378,15 @@ def test_the_smoke_sweep_at_bf16_mixed_on_cpu_follows_its_fp32_run(smoke, tmp_pa
     text = (ROOT / "sweeps" / "smoke.yaml").read_text()
     text = text.replace("name: smoke", "name: smoke-bf16").replace("eval_batches: 2}",
                                                                      "eval_batches: 2, precision: bf16-mixed}")
-    assert "precision: bf16-mixed}" in text
+    text = text.replace("seeds: [0, 1]", "seeds: [0]")  # one seed's units, each against its fp32 twin (CI time)
+    assert "precision: bf16-mixed}" in text and "seeds: [0]" in text
     (tmp_path / "bf16.yaml").write_text(text)
     r = run_sweep(tmp_path, tmp_path / "bf16.yaml")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert json.loads((tmp_path / "reports" / "smoke-bf16" / "verdict.json").read_text())["comparisons"]
     ref = {x.info.run_name: x for x in split(runs_of(client(smoke["cwd"]), "smoke"))[1]}
     got = {x.info.run_name: x for x in split(runs_of(client(tmp_path), "smoke-bf16"))[1]}
-    assert set(got) == set(ref)
+    assert set(got) <= set(ref) and all(got[n].data.tags["headroom.seed"] in ("0", "none") for n in got)
 
     def scores(run, cwd):
         path = download_artifacts(run_id=run.info.run_id, artifact_path="scores.json",
@@ -405,7 +406,7 @@ def test_the_smoke_sweep_at_bf16_mixed_on_cpu_follows_its_fp32_run(smoke, tmp_pa
             rho[name] = stats.spearmanr(scores(ref[name], smoke["cwd"]), scores(run, tmp_path)).statistic
     print("bf16 vs fp32, relative loss:", {k: round(v, 4) for k, v in sorted(rel.items())})
     print("bf16 vs fp32, gradient-score Spearman:", {k: round(float(v), 3) for k, v in sorted(rho.items())})
-    assert len(rel) >= 20 and len(rho) == 4
+    assert len(rel) >= 10 and len(rho) == 2  # seed 0: every trained and pruned unit; its two gradient prunes
     assert sum(v > 1e-5 for v in rel.values()) >= len(rel) // 2  # the precision reached training: the numbers moved
     assert max(rel.values()) <= BF16_LOSS_TOL and statistics.median(rel.values()) <= BF16_LOSS_TOL / 3, rel
     for name, value in rho.items():
