@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .bounds import Seed, check_tokens, fits_int64
 
 Family = Literal["decoder", "encoder"]
 FAMILIES: tuple[str, ...] = ("decoder", "encoder")
@@ -28,28 +30,6 @@ class HeadroomInputError(ValueError):
     """Bad user input. The CLI prints `str(err)` as one line on stderr and exits 2."""
 
 
-# What the code downstream can hold (docs/design.md "Bounds"): every integer of a config fits a signed 64-bit
-# integer (numpy, torch and MLflow's step); a run's tokens (steps × batch × sequence) stay where float64 counts
-# exactly (FLOPs and tokens are float metrics); a seed stays below 2^31, which numpy's legacy generator (Optuna's
-# sampler, seeded with the search's seed plus its trial count) and torch's generators accept with room.
-MAX_INT = 2**63 - 1
-MAX_TOKENS = 2**53
-MAX_SEED = 2**31 - 1
-
-
-def _fits_int64(v):
-    if isinstance(v, bool):
-        return
-    if isinstance(v, int) and not -MAX_INT - 1 <= v <= MAX_INT:
-        raise ValueError(f"{v} is past the largest integer headroom can hold, 2^63 - 1 = {MAX_INT}")
-    if isinstance(v, (list, tuple)):
-        for x in v:
-            _fits_int64(x)
-    if isinstance(v, dict):
-        for x in v.values():
-            _fits_int64(x)
-
-
 class Strict(BaseModel):
     """Every validated config: unknown keys are errors, values never change after validation, no float is infinite
     or NaN, and no integer is past a signed 64-bit integer (in lists and mappings too)."""
@@ -59,18 +39,10 @@ class Strict(BaseModel):
     @field_validator("*", mode="after")
     @classmethod
     def _bounded(cls, v):
-        _fits_int64(v)
+        fits_int64(v)
         return v
 
 
-def check_tokens(what: str, steps: int, batch_size: int, seq_len: int) -> None:
-    """ValueError naming `what` when steps × batch_size × seq_len tokens are past MAX_TOKENS."""
-    if steps * batch_size * seq_len > MAX_TOKENS:
-        raise ValueError(f"{what}: {steps} steps of {batch_size} × {seq_len} tokens are past {MAX_TOKENS} tokens "
-                         "per run (2^53, the largest count a float64 metric holds exactly)")
-
-
-Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 
 
 def jsonable(obj):

@@ -9,7 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .config import HeadroomInputError, Seed, Strict, heads_removed
+from .bounds import Seed
+from .config import HeadroomInputError, Strict, heads_removed
 from .methods import compensates, get_method
 
 # defaults used wherever a prune is set up (sweep files, `headroom prune`, the prune trials)

@@ -4,9 +4,9 @@ line on stderr and exits 2, having started and written nothing."""
 from __future__ import annotations
 
 import argparse
-import math
 import base64
 import json
+import math
 import os
 import sys
 import urllib.error
@@ -15,11 +15,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
+from lightning_modules.bounds import MAX_INT, MAX_SEED
 from lightning_modules.checkpoints import checkpoint_info
 from lightning_modules.config import (
     FAMILIES,
-    MAX_INT,
-    MAX_SEED,
     PRESET_FIELDS,
     SCALES,
     HeadroomInputError,

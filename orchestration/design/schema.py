@@ -11,7 +11,8 @@ from pydantic import AfterValidator, Field, create_model, field_validator, model
 from pydantic.fields import FieldInfo
 
 from lightning_modules.arms import check_control
-from lightning_modules.config import SCALES, DataConfig, Family, Seed, Strict, TrainConfig
+from lightning_modules.bounds import Seed
+from lightning_modules.config import SCALES, DataConfig, Family, Strict, TrainConfig
 from lightning_modules.prune_plan import (
     DEFAULT_FINETUNE_LR_GRID,
     DEFAULT_STEP,

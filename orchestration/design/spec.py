@@ -59,11 +59,11 @@ import yaml
 from pydantic import ValidationError
 
 from lightning_modules.arms import ARMS
+from lightning_modules.bounds import check_tokens
 from lightning_modules.checkpoints import checkpoint_info
 from lightning_modules.config import (
     HeadroomInputError,
     check_compatible,
-    check_tokens,
     model_config_for,
     train_config_for,
 )
