@@ -1,15 +1,19 @@
-"""`headroom export`: a model directory anyone can load with torch and transformers alone.
+"""`headroom export`: a model directory anyone can load with torch and transformers alone, and its ONNX graph.
 
 A model transformers can build from its own config (a dense or uniformly pruned decoder whose heads divide the
 hidden size) is written as a plain checkpoint. Any other — a `global` prune's per-layer head counts, a pruned GPT-2
-or BERT, headroom's rotary encoder — carries `modeling_headroom.py` (lightning_modules/hf_remote.py) and an
-`auto_map` in its config.json, and loads with `trust_remote_code=True`. The tokenizer goes with it: the checkpoint's
-own, or headroom's byte tokenizer as a transformers one. Written to a temporary directory and renamed into place:
-nothing half-written.
+or BERT, headroom's rotary encoder — carries `modeling_headroom.py` (lightning_modules/hf_remote.py), an `auto_map`
+in its config.json and its class's name in `architectures` (as OpenELM's and Nemotron-NAS's directories do), and
+loads with `trust_remote_code=True`. The tokenizer goes with it: the checkpoint's own, or headroom's byte tokenizer as
+a transformers one. With `onnx=True` the directory also holds `onnx/model.onnx` (+ `model.onnx.data`), exported by
+transformers' own ONNX exporter (torch.export, dynamic batch and length), checked in onnxruntime against PyTorch on
+a batch of another shape. Written to a temporary directory and renamed into place: nothing half-written.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -18,6 +22,9 @@ from pathlib import Path
 from .config import BYTE_VOCAB_SIZE
 
 REMOTE_FILE = "modeling_headroom.py"
+ONNX_FILE = "onnx/model.onnx"
+ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
+CHECK_SHAPE = (3, 12)  # the onnxruntime check's batch: another batch size and length than the export's sample
 
 
 def _plain_shape(config) -> tuple[int, int, int] | None:
@@ -44,44 +51,98 @@ def needs_remote_code(config) -> bool:
     return any((int(s["heads"]), int(s.get("kv_heads", s["heads"])), hd) != plain for s in layers)
 
 
-def export(checkpoint: str, out: Path) -> dict:
+def missing_onnx_packages() -> list[str]:
+    return [p for p in ONNX_PACKAGES if importlib.util.find_spec(p) is None]
+
+
+def export(checkpoint: str, out: Path, onnx: bool = False) -> dict:
     """Write `checkpoint` (a headroom run directory or a model directory) to `out` as a self-contained Hugging Face
-    directory; returns what was written ({"remote_code", "architecture", "tokenizer", "files"})."""
-    from . import hf_remote
+    directory (see `write_export`)."""
     from .checkpoints import checkpoint_info
     from .models import load_model
-    from .tokens import ByteTokenizer
 
     info = checkpoint_info(checkpoint)
-    model = load_model(info.model_dir)
+    return write_export(load_model(info.model_dir), out, info.model_dir if info.has_tokenizer else None, onnx)
+
+
+def write_export(model, out: Path, tokenizer_dir: str | None = None, onnx: bool = False) -> dict:
+    """Write the loaded `model` to `out`, with the tokenizer of `tokenizer_dir` (or headroom's byte tokenizer for a
+    byte vocabulary); returns what was written ({"remote_code", "architecture", "auto_class", "tokenizer",
+    "files", and with onnx "onnx": {"file", "check_shape", "max_abs_diff", "max_abs_logit"}})."""
+    from . import hf_remote
+    from .tokens import ByteTokenizer
+
     arch = type(model).__name__
+    if arch not in hf_remote.CLASSES:
+        raise ValueError(f"{arch}: no modeling file for this architecture")
+    cls, auto = hf_remote.CLASSES[arch]
     remote = needs_remote_code(model.config)
-    if remote:
-        if arch not in hf_remote.CLASSES:
-            raise ValueError(f"{arch}: no modeling file for this architecture")
-        cls, auto = hf_remote.CLASSES[arch]
-        model.config.auto_map = {auto: f"{REMOTE_FILE[:-3]}.{cls}"}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    done = {"remote_code": remote, "architecture": arch, "auto_class": auto}
     try:
         model.save_pretrained(str(tmp))
         if remote:
             shutil.copyfile(hf_remote.__file__, tmp / REMOTE_FILE)
-        if info.has_tokenizer:
+            cfg = json.loads((tmp / "config.json").read_text())
+            cfg.update(architectures=[cls], auto_map={auto: f"{REMOTE_FILE[:-3]}.{cls}"})
+            (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        if tokenizer_dir is not None:
             from transformers import AutoTokenizer
 
-            AutoTokenizer.from_pretrained(info.model_dir).save_pretrained(str(tmp))
-            tokenizer = "the checkpoint's"
+            AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(str(tmp))
+            done["tokenizer"] = "the checkpoint's"
         elif model.config.vocab_size == BYTE_VOCAB_SIZE:
             ByteTokenizer.for_transformers().save_pretrained(str(tmp))
-            tokenizer = "headroom's bytes"
+            done["tokenizer"] = "headroom's bytes"
         else:
-            tokenizer = None
+            done["tokenizer"] = None
+        if onnx:
+            done["onnx"] = write_onnx(model, tmp / ONNX_FILE)
         if out.exists():
             out.rmdir()  # empty (checked by the caller)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {"remote_code": remote, "architecture": arch, "tokenizer": tokenizer,
-            "files": sorted(p.name for p in out.iterdir())}
+    done["files"] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    return done
+
+
+def _ids(model, shape: tuple[int, int], seed: int):
+    import torch
+
+    cfg = model.config
+    t = min(shape[1], getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or shape[1])
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, min(cfg.vocab_size, 256), (shape[0], t), generator=g)
+
+
+def write_onnx(model, path: Path) -> dict:
+    """The model's logits as an ONNX graph at `path` (its weights in `path`.data), through transformers' exporter
+    with dynamic batch and sequence length; then run in onnxruntime on a batch of another shape and compared with
+    PyTorch's logits. Returns the file and the comparison."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    from transformers.exporters.exporter_onnx import OnnxConfig, OnnxExporter
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    use_cache = getattr(model.config, "use_cache", None)
+    model.config.use_cache = False  # logits only: no key/value cache outputs
+    try:
+        with torch.no_grad():
+            program = OnnxExporter().export(model, {"input_ids": _ids(model, (2, 8), 0)},
+                                            config=OnnxConfig(dynamic=True)).program
+        OnnxExporter.save_program(program, path)
+    finally:
+        model.config.use_cache = use_cache
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = torch.get_num_threads()
+    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    ids = _ids(model, CHECK_SHAPE, 1)
+    got = session.run(["logits"], {"input_ids": ids.numpy()})[0]
+    with torch.no_grad():
+        want = model(input_ids=ids.to(next(model.parameters()).device)).logits.float().cpu().numpy()
+    return {"file": path.name, "check_shape": list(ids.shape),
+            "max_abs_diff": float(np.abs(got - want).max()), "max_abs_logit": float(np.abs(want).max())}

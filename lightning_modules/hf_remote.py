@@ -28,11 +28,16 @@ def apply_rotary(x_BHTd: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """Rotate query/key vectors by their position (positions 0..T-1; an encoder has no cache)."""
     t, d = x_BHTd.shape[-2], x_BHTd.shape[-1]
     key = (t, d, base, x_BHTd.device, x_BHTd.dtype)
-    if key not in _ROPE_CACHE:
+    # a traced length (torch.export, ONNX) is symbolic: computed in the graph, not cached
+    cached = isinstance(t, int) and not torch.compiler.is_compiling()
+    if not cached or key not in _ROPE_CACHE:
         inv = 1.0 / (base ** (torch.arange(0, d, 2, device=x_BHTd.device).float() / d))
         freqs = torch.outer(torch.arange(t, device=x_BHTd.device).float(), inv)
         emb = torch.cat([freqs, freqs], dim=-1)  # [T, d]
-        _ROPE_CACHE[key] = (emb.cos().to(x_BHTd.dtype), emb.sin().to(x_BHTd.dtype))
+        cos_sin = (emb.cos().to(x_BHTd.dtype), emb.sin().to(x_BHTd.dtype))
+        if not cached:
+            return x_BHTd * cos_sin[0] + _rotate_half(x_BHTd) * cos_sin[1]
+        _ROPE_CACHE[key] = cos_sin
     cos, sin = _ROPE_CACHE[key]
     return x_BHTd * cos + _rotate_half(x_BHTd) * sin
 

@@ -193,6 +193,7 @@ def load_model(directory: str | os.PathLike):
     mt = read_model_config(str(d))["model_type"]
     config = tf.AutoConfig.from_pretrained(str(d))
     arch = (config.architectures or [DEFAULT_ARCH[mt]])[0]
+    arch = arch.removeprefix("Headroom")  # a `headroom export` directory names its modeling file's class
     if ARCHITECTURES.get(arch) != mt:
         raise HeadroomInputError(f"checkpoint {d}: architecture {arch!r} is not supported")
     cls = getattr(tf, arch)

@@ -2,7 +2,9 @@
 per layer), a pruned encoder (headroom's rotary BERT), a pruned GPT-2 and a uniformly pruned decoder are exported
 and loaded in a virtual environment that has torch and transformers but not headroom — the first three through the
 modeling file each carries (trust_remote_code), the last as a plain checkpoint — and give headroom's own logits;
-the decoder generates. Bad input is one line, exit 2, nothing written."""
+the decoder generates. The global decoder and the encoder are also exported to ONNX: onnxruntime, in the same bare
+environment, gives headroom's logits on a batch of another shape than the export's sample. Bad input is one line,
+exit 2, nothing written."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from lightning_modules.heads import prune_heads
 from lightning_modules.models import build_model, save_model
 
 X = torch.tensor([[10, 20, 30, 40, 50, 60, 70, 80], [5, 4, 3, 2, 1, 0, 9, 8]])
+X3 = torch.randint(0, 256, (3, 11), generator=torch.Generator().manual_seed(3))  # not the ONNX export's 2 x 8
 
 
 def _bare_python(root):
@@ -44,6 +47,7 @@ def _gpt2():
 
 
 # name: (the model, the heads each layer keeps, the Auto class it loads through, whether it needs the modeling file)
+ONNX = ("global", "encoder")  # exported with --onnx too
 CASES = {
     "global": (lambda: build_model(model_config_for("xs"), seed=0), [[0, 3, 5], [1, 2, 4, 6, 7]],
                "AutoModelForCausalLM", True),
@@ -55,13 +59,18 @@ CASES = {
 }
 
 OUTSIDE = textwrap.dedent("""
-    import importlib.util, json, sys, torch, transformers
+    import importlib.util, json, os, sys, torch, transformers
     assert not [m for m in ("lightning_modules", "orchestration") if importlib.util.find_spec(m)], "headroom found"
     cases, x, out = json.loads(sys.argv[1]), torch.tensor(json.loads(sys.argv[2])), {}
+    x3 = torch.tensor(json.loads(sys.argv[3]))
     for name, (d, auto, trust) in cases.items():
         m = getattr(transformers, auto).from_pretrained(d, trust_remote_code=trust).eval()
         with torch.no_grad():
             r = {"logits": m(input_ids=x).logits.tolist(), "class": type(m).__name__}
+        if os.path.exists(d + "/onnx/model.onnx"):
+            import onnxruntime
+            s = onnxruntime.InferenceSession(d + "/onnx/model.onnx", providers=["CPUExecutionProvider"])
+            r["onnx"] = s.run(["logits"], {"input_ids": x3.numpy()})[0].tolist()
             if name == "global":
                 r["generated"] = m.generate(x[:1], max_new_tokens=4, do_sample=False).tolist()
         r["tokens"] = transformers.AutoTokenizer.from_pretrained(d)("def f", add_special_tokens=False)["input_ids"]
@@ -82,13 +91,14 @@ def exported(tmp_path_factory):
         model = prune_heads(make().eval(), keep)
         save_model(model, root / name / "model")
         if name == "global":
-            r = headroom("export", root / name, "--out", root / f"{name}-out")
+            r = headroom("export", root / name, "--out", root / f"{name}-out", "--onnx")
             assert r.returncode == 0, r.stderr
             said[name] = r.stdout
         else:
-            said[name] = export(str(root / name), root / f"{name}-out")
+            said[name] = export(str(root / name), root / f"{name}-out", onnx=name in ONNX)
         models[name], cases[name] = model, (str(root / f"{name}-out"), auto, remote)
-    r = subprocess.run([str(_bare_python(root)), "-I", "-c", OUTSIDE, json.dumps(cases), json.dumps(X.tolist())],
+    r = subprocess.run([str(_bare_python(root)), "-I", "-c", OUTSIDE, json.dumps(cases), json.dumps(X.tolist()),
+                        json.dumps(X3.tolist())],
                        capture_output=True, text=True, timeout=600, cwd=root)
     assert r.returncode == 0, r.stderr[-3000:]
     return root, models, said, json.loads(r.stdout.strip().splitlines()[-1])
@@ -103,10 +113,16 @@ def test_an_exported_model_matches_headroom_outside_headroom(exported, name):
     with torch.no_grad():
         want = models[name](input_ids=X).logits
     torch.testing.assert_close(torch.tensor(got[name]["logits"]), want, rtol=1e-4, atol=1e-5)
+    assert ("onnx" in got[name]) == (name in ONNX)
+    if name in ONNX:  # batch and length are the graph's inputs: another shape than its export sample
+        with torch.no_grad():
+            want3 = models[name](input_ids=X3).logits
+        torch.testing.assert_close(torch.tensor(got[name]["onnx"]), want3, rtol=1e-4, atol=1e-5)
+        assert said[name]["onnx"]["max_abs_diff"] < 1e-4 if name != "global" else "max |logit difference|" in said[name]
     assert got[name]["class"].startswith("Headroom") == remote
     assert got[name]["tokens"] == list(b"def f")  # headroom's byte tokenizer, as a transformers one
     if name == "global":
-        assert "trust_remote_code=True" in said[name]
+        assert "AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True)" in said[name]
         assert cfg["auto_map"] == {"AutoModelForCausalLM": "modeling_headroom.HeadroomLlamaForCausalLM"}
         with torch.no_grad():
             gen = models[name].generate(X[:1], max_new_tokens=4, do_sample=False)

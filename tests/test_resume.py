@@ -149,15 +149,54 @@ def test_killed_driver_resumes_without_rerunning_or_duplicating(interrupted):
     assert unfinished_at_kill and all(rid in {x.info.run_id for x in children} for rid in unfinished_at_kill)
     continued = [x for x in children if x.info.run_id in unfinished_at_kill and x.data.tags["headroom.stage"] == "train"]
     assert any(x.data.metrics.get("resumed_at_step", 0) > 0 for x in continued)  # from its checkpoint, not step 0
-    # pruned models: each logged once (a unit finished again after the kill finds its model logged), none where
-    # transformers alone would compute something else (a global prune leaving different counts per layer)
-    for x in children:
-        if x.data.tags["headroom.arm"] == "pruned":
-            found = c.search_logged_models([x.info.experiment_id], filter_string=f"source_run_id = '{x.info.run_id}'")
-            uniform = len(set(x.data.tags["headroom.kept"].split(","))) == 1
-            assert len(found) == int(uniform), x.info.run_name
-            assert x.data.tags["headroom.model"].startswith(
-                "models:/" if uniform else "not logged: its layers keep different head counts"), x.info.run_name
+    # pruned models: each logged once (a unit finished again after the kill finds its model logged), a global
+    # prune's (different head counts per layer) with its modeling file; the exported directory in the run's artifacts
+    pruned = [x for x in children if x.data.tags["headroom.arm"] == "pruned"]
+    for x in pruned:
+        found = c.search_logged_models([x.info.experiment_id], filter_string=f"source_run_id = '{x.info.run_id}'")
+        assert len(found) == 1 and x.data.tags["headroom.model"] == f"models:/{found[0].model_id}", x.info.run_name
+        uniform = len(set(x.data.tags["headroom.kept"].split(","))) == 1
+        files = {a.path for a in c.list_artifacts(x.info.run_id, "export")}
+        assert {"export/config.json", "export/model.safetensors", "export/tokenizer.json"} <= files
+        assert ("export/modeling_headroom.py" in files) == (not uniform), x.info.run_name
+    assert any(len(set(x.data.tags["headroom.kept"].split(","))) > 1 for x in pruned)
+
+
+LOAD = """
+import json, sys, mlflow, torch
+assert mlflow.__name__ and "lightning_modules" not in sys.modules
+pipe = mlflow.transformers.load_model(sys.argv[1])
+with torch.no_grad():
+    logits = pipe.model(input_ids=torch.tensor([json.loads(sys.argv[2])])).logits
+gen = pipe("def ", max_new_tokens=4, do_sample=False)[0]["generated_text"]
+print(json.dumps({"logits": logits.tolist(), "class": type(pipe.model).__name__, "generated": gen}))
+"""
+
+
+def test_a_global_prunes_logged_model_loads_with_mlflow_in_a_fresh_process(interrupted):
+    """MLflow's own loader, in a process that never imports headroom, builds the pruned model with its per-layer
+    head counts from the logged modeling file, and computes what headroom's checkpoint of the trial computes."""
+    import sys
+
+    import torch
+
+    from lightning_modules.models import load_model
+
+    cwd = interrupted["cwd"]
+    _, children = split(runs_of(client(cwd), "resume"))
+    x = next(x for x in children if x.data.tags["headroom.arm"] == "pruned"
+             and len(set(x.data.tags["headroom.kept"].split(","))) > 1)
+    ids = list(b"import os\nfor name in os.listdir('.'):\n")
+    r = subprocess.run([sys.executable, "-I", "-c", LOAD, x.data.tags["headroom.model"], json.dumps(ids)], cwd=cwd,
+                       capture_output=True, text=True, timeout=300, check=False,
+                       env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{cwd / 'mlflow.db'}"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    ref = load_model(x.data.tags["headroom.checkpoint"].removeprefix("file://") + "/model")
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor([ids])).logits
+    torch.testing.assert_close(torch.tensor(got["logits"]), want, rtol=1e-4, atol=1e-5)
+    assert got["class"] == "HeadroomLlamaForCausalLM" and got["generated"].startswith("def ")
 
 
 def test_resumed_sweeps_report_prune_timing(interrupted):

@@ -227,6 +227,9 @@ def _add_export(sub) -> None:
                                    "head counts, pruned GPT-2/BERT heads, headroom's rotary encoder).")
     p.add_argument("checkpoint", help="a `headroom train`/`headroom prune` run directory or a model directory")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
+    p.add_argument("--onnx", action="store_true",
+                   help="also write onnx/model.onnx (transformers' ONNX exporter; dynamic batch and length), checked "
+                        "in onnxruntime against PyTorch; needs `pip install 'headroom[onnx]'`")
     p.set_defaults(func=cmd_export)
 
 

@@ -256,17 +256,25 @@ def cmd_prune(args) -> int:
 
 def cmd_export(args) -> int:
     from lightning_modules.checkpoints import checkpoint_info
+    from lightning_modules.export import missing_onnx_packages
 
     checkpoint_info(args.checkpoint)  # one line for a missing or unsupported checkpoint, before any framework
     out = _check_out(args.out)
+    if args.onnx and missing_onnx_packages():
+        raise HeadroomInputError(f"--onnx needs {', '.join(missing_onnx_packages())}: pip install 'headroom[onnx]'")
     quiet_frameworks()
     from lightning_modules.export import export
 
     try:
-        done = export(args.checkpoint, out)
+        done = export(args.checkpoint, out, onnx=args.onnx)
     except ValueError as e:
         raise HeadroomInputError(f"checkpoint {args.checkpoint}: {e}") from None
-    how = ("with trust_remote_code=True (modeling_headroom.py: " + done["architecture"] + ")"
-           if done["remote_code"] else "with plain transformers")
-    print(f"exported {args.checkpoint} to {out}: loads {how}; tokenizer: {done['tokenizer'] or 'none'}")
+    how = (f"{done['auto_class']}.from_pretrained(..., trust_remote_code=True) (modeling_headroom.py)"
+           if done["remote_code"] else f"{done['auto_class']}.from_pretrained (plain transformers)")
+    print(f"exported {args.checkpoint} to {out}: loads with {how}; tokenizer: {done['tokenizer'] or 'none'}")
+    if args.onnx:
+        o = done["onnx"]
+        print(f"ONNX: {out}/onnx/{o['file']} (dynamic batch and length); onnxruntime on a {o['check_shape'][0]}x"
+              f"{o['check_shape'][1]} batch: max |logit difference| {o['max_abs_diff']:.2e} (largest |logit| "
+              f"{o['max_abs_logit']:.3g})")
     return 0

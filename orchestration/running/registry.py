@@ -1,19 +1,16 @@
-"""Pruned models in MLflow: each prune unit's model logged with MLflow's transformers flavour, its tokenizer with it,
-so that `mlflow.transformers.load_model("runs:/<run id>/pruned_model")` loads it; `headroom sweep --register` puts the
-primary method's pruned models in the Model Registry.
-
-Only models that transformers alone computes exactly as headroom does are logged that way: decoders with the same
-head count in every layer (transformers' Llama config says so). The encoder's attention is headroom's rotary one,
-and a global-scope prune leaves different counts per layer: transformers would load those without error and compute
-something else, so they stay headroom checkpoints (`headroom.checkpoint`; `lightning_modules.models.load_model`).
-Runs in the driver, like all MLflow writes (orchestration/running/tracking.py).
+"""Pruned models in MLflow: each prune unit's model exported (lightning_modules/export.py) into the run's artifacts
+as `export/` — the directory `headroom export` writes, which loads with torch and transformers alone — and logged
+from it with MLflow's transformers flavour, its tokenizer with it, so that
+`mlflow.transformers.load_model("runs:/<run id>/pruned_model")` loads it in a process without headroom. A model whose
+shape transformers cannot build itself (a `global` prune's per-layer head counts, the rotary encoder) carries its
+modeling file, and MLflow loads it through the `auto_map` with trust_remote_code. `headroom sweep --register` puts
+the primary method's pruned models in the Model Registry. Runs in the driver, like all MLflow writes
+(orchestration/running/tracking.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import tempfile
 from importlib.metadata import version
 from pathlib import Path
@@ -21,55 +18,47 @@ from pathlib import Path
 from . import metrics as M
 
 MODEL_NAME = "pruned_model"  # the logged model's name (its artifact path in the run)
+EXPORT_DIR = "export"  # the exported directory's artifact path in the run
 LOGGED = "headroom.model"  # child tag: the logged model's URI, or why none was logged
 REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors")
-
-
-def transformers_loadable(model_dir: str | Path) -> str | None:
-    """None when transformers alone loads the checkpoint faithfully; else why not (one phrase)."""
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    if cfg.get("model_type") != "llama":
-        return "its attention is headroom's rotary encoder attention, which plain transformers lacks"
-    meta = cfg.get("headroom") or {}
-    plain = (cfg.get("num_attention_heads"), cfg.get("num_key_value_heads"))
-    if any((int(x["heads"]), int(x.get("kv_heads", x["heads"]))) != plain for x in meta.get("layers", [])):
-        return "its layers keep different head counts, which transformers' config cannot express"
-    return None
-
-
-def _with_tokenizer(model_dir: Path, into: Path, tokenizer: str) -> Path:
-    """A copy of the checkpoint with its tokenizer: its own files, or the byte tokenizer as a transformers one."""
-    shutil.copytree(model_dir, into)
-    if not (into / "tokenizer.json").exists() and not (into / "tokenizer_config.json").exists():
-        if tokenizer != "byte":
-            raise ValueError(f"checkpoint {model_dir} has no tokenizer files ({tokenizer})")
-        from lightning_modules.tokens import ByteTokenizer
-
-        ByteTokenizer.for_transformers().save_pretrained(str(into))
-    return into
+TASKS = {"AutoModelForCausalLM": "text-generation", "AutoModelForMaskedLM": "fill-mask"}
 
 
 def log_pruned_model(uri: str, run_id: str, model_dir: str | Path, tokenizer: str) -> str:
-    """Log the checkpoint in `model_dir` to the run as an MLflow transformers model; returns its model URI. The
-    model is loaded first: MLflow 3.17 cannot log a checkpoint directory by path with transformers v5."""
+    """Export the checkpoint in `model_dir` into the run's `export/` artifacts and log it from there as an MLflow
+    transformers model; returns its model URI. Loaded through its Auto class first: MLflow 3.17 cannot log a
+    checkpoint directory by path with transformers v5."""
     import mlflow
+    import transformers
     from mlflow.tracking._tracking_service.utils import _use_tracking_uri  # the caller's MLflow URI stays as it was
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as tf_logging
+
+    from lightning_modules.checkpoints import checkpoint_info
+    from lightning_modules.export import write_export
+    from lightning_modules.models import load_model
 
     tf_logging.disable_progress_bar()
     # a local checkpoint has no Hub model card or license to look up: MLflow's two warnings per model say only that
     logging.getLogger("mlflow.transformers").setLevel(logging.ERROR)
 
+    info = checkpoint_info(str(model_dir))
+    if not info.has_tokenizer and tokenizer != "byte":
+        raise ValueError(f"checkpoint {model_dir} has no tokenizer files ({tokenizer})")
     with tempfile.TemporaryDirectory() as tmp, _use_tracking_uri(uri):
-        ckpt = _with_tokenizer(Path(model_dir), Path(tmp) / "checkpoint", tokenizer)
-        parts = {"model": AutoModelForCausalLM.from_pretrained(str(ckpt)),
-                 "tokenizer": AutoTokenizer.from_pretrained(str(ckpt))}
+        exp = Path(tmp) / EXPORT_DIR
+        done = write_export(load_model(info.model_dir), exp, info.model_dir if info.has_tokenizer else None)
+        mlflow.MlflowClient(uri).log_artifacts(run_id, str(exp), EXPORT_DIR)
+        auto = getattr(transformers, done["auto_class"])
+        parts = {"model": auto.from_pretrained(str(exp), trust_remote_code=done["remote_code"]),
+                 "tokenizer": transformers.AutoTokenizer.from_pretrained(str(exp))}
+        verbosity = tf_logging.get_verbosity()
+        tf_logging.set_verbosity_error()  # the pipeline MLflow builds names every class it knows when it meets ours
         with mlflow.start_run(run_id=run_id):
-            info = mlflow.transformers.log_model(
-                parts, name=MODEL_NAME, task="text-generation",
+            logged = mlflow.transformers.log_model(
+                parts, name=MODEL_NAME, task=TASKS[done["auto_class"]],
                 pip_requirements=[f"{p}=={version(p)}" for p in REQUIREMENTS])  # no inference: it loads the model
-    return info.model_uri
+        tf_logging.set_verbosity(verbosity)
+    return logged.model_uri
 
 
 def registered_name(sweep: str, cell: str, family: str, ratio: float) -> str:

@@ -369,12 +369,8 @@ class TrackingCallback(Callback):
     def _log_model(self, unit: Unit, run_id: str, model_dir: Path) -> None:
         """The pruned model as an MLflow transformers model, once (a unit finished again after a driver crash
         finds it logged already), or the reason it is not."""
-        from .registry import LOGGED, MODEL_NAME, log_pruned_model, transformers_loadable
+        from .registry import LOGGED, MODEL_NAME, log_pruned_model
 
-        why = transformers_loadable(model_dir)
-        if why:
-            self.tracker.set_tags(run_id, {LOGGED: f"not logged: {why}"})
-            return
         found = [m for m in self.tracker.client.search_logged_models(
             [self.tracker.experiment_id], filter_string=f"source_run_id = '{run_id}' AND name = '{MODEL_NAME}'")
             if m.status == LoggedModelStatus.READY]
