@@ -132,8 +132,9 @@ def write_onnx(model, path: Path) -> dict:
     model.config.use_cache = False  # logits only: no key/value cache outputs
     try:
         with torch.no_grad():
+            dyn = {"input_ids": {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC}}  # batch, length
             program = OnnxExporter().export(model, {"input_ids": _ids(model, (2, 8), 0)},
-                                            config=OnnxConfig(dynamic=True)).program
+                                            config=OnnxConfig(dynamic_shapes=dyn)).program
         OnnxExporter.save_program(program, path)
     finally:
         model.config.use_cache = use_cache

@@ -350,3 +350,28 @@ def test_cpu_speed_writes_json_through_headroom_bench(tmp_path, cache_dir):
     assert x["bf16_speedup"]["median"] == pytest.approx(
         statistics.median(s["lightning_bf16"] / s["lightning_fp32"] for s in x["samples"]))
     assert res["meets_goal"] == "inconclusive"  # 2 rounds never decide
+
+
+def test_onnx_latency_writes_json_through_headroom_bench(tmp_path):
+    """Four sides interleaved (onnxruntime and PyTorch, dense and pruned); the graphs match PyTorch on export; the
+    speedup is the median of its own rounds and the prediction is the FLOP count's (hand-checked below)."""
+    from lightning_modules.config import model_config_for
+    from lightning_modules.costs import flops_per_token
+
+    r = subprocess.run([sys.executable, "-m", "orchestration.cli", "bench", "onnx_latency", "--tiny", "--out-dir",
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "onnx_latency.json").read_text())
+    assert res["benchmark"] == "onnx_latency" and [x["ratio"] for x in res["rows"]] == [0.5]
+    x = res["rows"][0]
+    assert x["heads_kept"] == [4, 4]
+    for side in ("dense", "pruned"):
+        chk = x["onnx_check"][side]
+        assert chk["check_shape"] == [3, 12] and chk["max_abs_diff"] <= 1e-4 * max(1.0, chk["max_abs_logit"])
+    _alternating(res["samples"], ["ort_dense", "ort_pruned", "torch_dense", "torch_pruned"])
+    _check_median(x["median_speedup"], x["spread"], [s["ort_dense"] / s["ort_pruned"] for s in res["samples"]], 2)
+    dense = model_config_for("xs")
+    half = dense.with_heads([4, 4])
+    assert x["speedup_predicted_from_flops"] == pytest.approx(flops_per_token(dense, 32).total
+                                                              / flops_per_token(half, 32).total, rel=1e-6)
+    assert res["meets_goal"] is False and "batch >= 16" in res["goal_note"]

@@ -23,6 +23,7 @@ BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
     "cpu_speed": ["--tiny"],  # each CPU scale's training step against the matmul peak, fp32 and bf16-mixed
     "ladder": ["--tiny"],  # dense runs at doubling budgets (full size: hours; docs/measured/ladder.json)
     "data_scale": ["--tiny"],  # the driver's preparation and a trial's data setup on two corpora 4× apart
+    "onnx_latency": ["--tiny"],  # dense ÷ pruned in onnxruntime (needs `pip install -e ".[onnx]"`)
     "train_kernels": ["--steps", "6", "--warmup", "2", "--repeats", "1", "--batch-size", "4", "--seq-len", "32",
                 "--compile-backend", "aot_eager"],
 }
