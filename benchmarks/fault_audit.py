@@ -10,15 +10,25 @@ STEPPED = ("train/loss", "train/lr", "val/loss", "val/ppl")
 ARTIFACTS = {"prune": {"scores.json", "scores.png", "metrics.json"}, "train": {"metrics.json"}}
 
 
-def judge(out: dict, requested: list[str]) -> dict:
+FULL_FAULTS = 20  # the full campaign: at least this many faults, every kind among them
+
+
+def judge(out: dict, requested: list[str], every_kind: tuple[str, ...] = ()) -> dict:
     """The campaign's goal: nothing lost, duplicated or missing, and every fault it was asked for injected (a sweep
-    that ends first leaves faults uninjected: then the campaign did not test what it was asked to)."""
+    that ends first leaves faults uninjected: then the campaign did not test what it was asked to). The full goal
+    (`meets_full_goal`) asks more of the same campaign: at least FULL_FAULTS faults injected, each of `every_kind`
+    among them (the Ray head included)."""
+    injected = {f.get("kind") for f in out["faults"]}
     out["faults_requested"] = len(requested)
-    out["kinds_missing"] = sorted(set(requested) - {f.get("kind") for f in out["faults"]})
+    out["kinds_missing"] = sorted(set(requested) - injected)
     out["goal"] = ("faults_injected == faults_requested, every requested kind injected, and units_lost == "
                    "duplicate_runs == duplicate_steps == missing_steps == missing_artifacts == 0")
     out["meets_goal"] = out["faults_injected"] == len(requested) and not out["kinds_missing"] and all(
         out[k] == 0 for k in ("units_lost", "duplicate_runs", "duplicate_steps", "missing_steps", "missing_artifacts"))
+    out["full_goal"] = f"the goal, with faults_injected >= {FULL_FAULTS} and every kind ({', '.join(every_kind)})"
+    out["kinds_not_covered"] = sorted(set(every_kind) - injected)
+    out["meets_full_goal"] = (out["meets_goal"] and out["faults_injected"] >= FULL_FAULTS
+                              and not out["kinds_not_covered"])
     return out
 
 

@@ -8,6 +8,10 @@ Faults (kinds drawn so that each appears before any repeats, times drawn at rand
   mlflow    the MLflow server stopped and started again
   postgres  PostgreSQL stopped (fast shutdown) and started again
   s3        the S3 server stopped and started again (its state kept, as MinIO's volume keeps it)
+  head      kill -9 of every process of the Ray head and worker nodes (GCS, raylets, dashboard, job agent, the
+            driver, the trials), both nodes started again on the same address and token, and the sweep submitted
+            again with `--resume`: what KubeRay does when a head pod dies without GCS fault tolerance (the head
+            restarts, the workers' raylets fail with it and their pods restart, and the job's state is gone)
 
 The audit, against the sweep's plan (`headroom sweep FILE --plan`): units expected, finished, lost; runs sharing a
 unit key (duplicate_runs); a stepped metric logged twice at one step (duplicate_steps); train/loss and train/lr at
@@ -36,13 +40,13 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from fault_audit import audit, judge  # noqa: E402
+from fault_audit import FULL_FAULTS, audit, judge  # noqa: E402
 from measure import summarize  # noqa: E402
 from stack import ROOT, Stack, missing  # noqa: E402
 
 from orchestration.running.runstore import mlflow_client  # noqa: E402
 
-KINDS = ("worker", "driver", "mlflow", "postgres", "s3")
+KINDS = ("worker", "driver", "mlflow", "postgres", "s3", "head")
 TINY = ("worker", "postgres", "s3")  # CI's: a driver kill costs a minute (test_resume.py has one), MLflow 50 s
 PROGRESS = re.compile(r"^\[headroom\]\s+\d+/\d+ ", re.MULTILINE)  # the driver's line per finished trial
 
@@ -210,8 +214,16 @@ class Campaign:
             st.s3.stop()
             time.sleep(down)
             st.s3.start()
+        elif kind == "head":
+            self._done_counts[sid] = len(PROGRESS.findall(self.logs(sid)))  # its log goes with the head
+            t = time.time()
+            st.ray.kill()
+            time.sleep(down)
+            st.ray.start()
+            detail = "both nodes restarted"
         self.say(f"[faults] {kind} at {time.strftime('%H:%M:%S', time.localtime(t))} {detail}")
-        return {"kind": kind, "at": t, "down_s": down if kind in ("mlflow", "postgres", "s3") else 0.0}
+        return {"kind": kind, "at": t, "down_s": down if kind in ("mlflow", "postgres", "s3", "head") else 0.0,
+                **({"job_lost": True} if kind == "head" else {})}
 
     # ------------------------------------------------------------------------------------------- the run
     def run(self, timeout: float = 3600) -> dict:
@@ -243,6 +255,9 @@ class Campaign:
                 if not fault:
                     continue  # nothing to hit right now (between stages): try again later
                 pending.pop(0)
+                if fault.pop("job_lost", False):  # a new head knows no jobs: submit the sweep again
+                    resubmits += 1
+                    sid = self.submit(resume=True)
                 # recovered: another trial finishes, or the sweep ends (resubmitting after a driver kill)
                 while self.progress() <= before:
                     state = self.status(sid)
@@ -269,21 +284,24 @@ class Campaign:
         out["samples"] = [{"kind": f.get("kind"), "recovery_s": f["recovery_s"]} for f in self.faults]
         out["median_recovery_s"] = recovery and recovery["median"]
         out["spread"] = recovery and recovery["spread"]
-        return judge(out, self.kinds)
+        return judge(out, self.kinds, KINDS)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Fault campaign on the production stack; writes JSON.")
     ap.add_argument("--tiny", action="store_true", help=f"CI size: {len(TINY)} faults, one each of {', '.join(TINY)} "
                     "(tests/test_resume.py kills and resumes a driver; the full campaign does all kinds)")
-    ap.add_argument("--faults", type=int, default=None, help=f"how many faults (default 12; --tiny {len(TINY)})")
+    ap.add_argument("--faults", type=int, default=None,
+                    help=f"how many faults (default {FULL_FAULTS}, the full goal; --tiny {len(TINY)})")
     ap.add_argument("--kinds", default=None, help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sweep", default=str(ROOT / "sweeps" / "smoke.yaml"))
+    ap.add_argument("--sweep", default=None,
+                    help="the sweep file (default sweeps/faults.yaml, long enough for 20 faults; --tiny: smoke.yaml)")
     ap.add_argument("--out", default="benchmarks/results/faults.json")
     a = ap.parse_args(argv)
-    n = a.faults if a.faults is not None else (len(TINY) if a.tiny else 12)
+    n = a.faults if a.faults is not None else (len(TINY) if a.tiny else FULL_FAULTS)
     kinds = tuple(a.kinds.split(",")) if a.kinds else TINY if a.tiny else KINDS
+    a.sweep = a.sweep or str(ROOT / "sweeps" / ("smoke.yaml" if a.tiny else "faults.yaml"))
     sweep = Path(a.sweep).resolve()
     unknown = [k for k in kinds if k not in KINDS]
     problem = (f"--kinds: unknown {', '.join(unknown)} (choose from {', '.join(KINDS)})" if unknown else
@@ -310,9 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps({k: res[k] for k in ("faults_requested", "faults_injected", "units_expected", "units_finished",
-                                          "units_lost",
-                                          "duplicate_runs", "duplicate_steps", "missing_steps", "missing_artifacts",
-                                          "meets_goal")}))
+                                          "units_lost", "duplicate_runs", "duplicate_steps", "missing_steps",
+                                          "missing_artifacts", "meets_goal", "meets_full_goal")}))
     return 0
 
 

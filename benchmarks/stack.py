@@ -293,6 +293,14 @@ def stop_processes(procs: list, grace: float = 5.0) -> None:
     psutil.wait_procs(left, timeout=10)
 
 
+def _agent_ports() -> list[str]:
+    """A node's dashboard agent listens on 52365 unless told otherwise: a second node on the machine (the worker, or
+    another Ray, such as a sweep running beside the tests) then has no job agent, and `ray job submit` waits for
+    one forever. Each node gets free ports of its own."""
+    return ["--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
+            "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port())]
+
+
 class Ray:
     """A head and a worker node (`ray start`), token auth on, both with the RayCluster head container's env."""
 
@@ -322,16 +330,29 @@ class Ray:
         self.temp_dirs += [head, worker]
         self.started = True
         r = self.ray("start", "--head", "--port", str(self.gcs), "--dashboard-host", "127.0.0.1",
-                     "--dashboard-port", str(self.dash_port), "--temp-dir", head, *self.common)
+                     "--dashboard-port", str(self.dash_port), "--temp-dir", head, *self.common, *_agent_ports())
         if r.returncode != 0:
             raise RuntimeError(r.stdout[-2000:] + r.stderr[-2000:])
-        r = self.ray("start", "--address", self.address, "--temp-dir", worker, *self.common)
+        r = self.ray("start", "--address", self.address, "--temp-dir", worker, *self.common, *_agent_ports())
         if r.returncode != 0:
             raise RuntimeError(r.stdout[-2000:] + r.stderr[-2000:])
         wait_http(f"{self.dashboard}/api/version", headers={"Authorization": f"Bearer {self.token}"}, timeout=120)
 
     def processes(self) -> list:
         return ray_processes(self.temp_dirs)
+
+    def kill(self) -> None:
+        """kill -9 of both nodes and everything they started; `start()` brings up new ones on the same address,
+        dashboard port and token (new temp dirs, as a restarted pod's)."""
+        import psutil
+
+        procs = self.processes()
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=30)
 
     def stop(self) -> None:
         if self.started:

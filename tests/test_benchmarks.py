@@ -206,6 +206,17 @@ def test_a_fault_campaign_that_injected_less_than_asked_does_not_meet_its_goal()
     assert missing["kinds_missing"] == ["s3"] and missing["meets_goal"] is False
     lost = judge({**clean, "units_lost": 1, "faults": five, "faults_injected": 5}, kinds[:5])
     assert lost["meets_goal"] is False
+    # the full goal: at least 20 faults with every kind among them, the Ray head included
+    every = ("worker", "driver", "mlflow", "postgres", "s3", "head")
+    twenty = [{"kind": k} for k in (list(every) * 4)[:20]]
+    full = judge({**clean, "faults": twenty, "faults_injected": 20}, [f["kind"] for f in twenty], every)
+    assert full["meets_goal"] is True and full["meets_full_goal"] is True and full["kinds_not_covered"] == []
+    headless = [{"kind": k} for k in kinds]  # 20 faults, no head kill
+    no_head = judge({**clean, "faults": headless, "faults_injected": 20}, kinds, every)
+    assert no_head["meets_goal"] is True and no_head["meets_full_goal"] is False
+    assert no_head["kinds_not_covered"] == ["head"]
+    nineteen = judge({**clean, "faults": twenty[:19], "faults_injected": 19}, [f["kind"] for f in twenty[:19]], every)
+    assert nineteen["meets_goal"] is True and nineteen["meets_full_goal"] is False
 
 
 def test_gpu_memory_writes_json_and_the_gpu_check_refuses_a_machine_without_cuda(tmp_path, smoke):
