@@ -8,6 +8,7 @@ from pathlib import Path
 
 STEPPED = ("train/loss", "train/lr", "val/loss", "val/ppl")
 ARTIFACTS = {"prune": {"scores.json", "scores.png", "metrics.json"}, "train": {"metrics.json"}}
+MODEL_FILES = {"export/config.json", "export/model.safetensors", "export/tokenizer.json"}  # beside a logged model
 
 
 FULL_FAULTS = 20  # the full campaign: at least this many faults, every kind among them
@@ -32,8 +33,10 @@ def judge(out: dict, requested: list[str], every_kind: tuple[str, ...] = ()) -> 
     return out
 
 
-def audit(c, sweep_name: str, plan: list[dict]) -> dict:
-    """What MLflow holds, against the plan: lost, duplicated and missing things, each listed by unit name."""
+def audit(c, sweep_name: str, plan: list[dict], models: bool = False) -> dict:
+    """What MLflow holds, against the plan: lost, duplicated and missing things, each listed by unit name. With
+    `models` (the sweep logs its pruned models), a finished prune unit also needs its logged model (tag
+    `headroom.model` a `models:/` URI) and its exported directory (`export/`)."""
     exp = c.get_experiment_by_name(sweep_name)
     runs = list(c.search_runs([exp.experiment_id], max_results=5000)) if exp else []
     parents = [r for r in runs if r.data.tags.get("headroom.role") == "parent"]
@@ -87,6 +90,11 @@ def audit(c, sweep_name: str, plan: list[dict]) -> dict:
                             absent.append(probe)
                     except Exception:
                         absent.append(probe)
+            if models and stage == "prune":
+                if not r.data.tags.get("headroom.model", "").startswith("models:/"):
+                    absent.append("logged model")
+                files = {a.path: a.file_size for a in c.list_artifacts(r.info.run_id, "export")}
+                absent += [f for f in sorted(MODEL_FILES) if not files.get(f)]
             if absent:
                 missing_arts[name] = absent
     report = set()

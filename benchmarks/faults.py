@@ -215,7 +215,10 @@ class Campaign:
             time.sleep(down)
             st.s3.start()
         elif kind == "head":
-            self._done_counts[sid] = len(PROGRESS.findall(self.logs(sid)))  # its log goes with the head
+            try:  # its log goes with the head: what it said so far is counted now
+                self._done_counts[sid] = len(PROGRESS.findall(self.logs(sid)))
+            except Exception:  # the dashboard did not answer: nothing to hit right now, try again later
+                return {}
             t = time.time()
             st.ray.kill()
             time.sleep(down)
@@ -226,10 +229,11 @@ class Campaign:
                 **({"job_lost": True} if kind == "head" else {})}
 
     # ------------------------------------------------------------------------------------------- the run
-    def run(self, timeout: float = 3600) -> dict:
+    def run(self, timeout: float = 7200) -> dict:
         from orchestration.design.spec import load_sweep
 
-        self.sweep_name = load_sweep(self.sweep_file)[0].name
+        sweep = load_sweep(self.sweep_file)[0]
+        self.sweep_name, self.log_models = sweep.name, sweep.log_models
         plan = planned(self.sweep_file)
         t0 = time.time()
         sid = self.submit(resume=False)
@@ -256,6 +260,7 @@ class Campaign:
                     continue  # nothing to hit right now (between stages): try again later
                 pending.pop(0)
                 if fault.pop("job_lost", False):  # a new head knows no jobs: submit the sweep again
+                    before = self.progress()  # the lost job's trials, as counted before the kill
                     resubmits += 1
                     sid = self.submit(resume=True)
                 # recovered: another trial finishes, or the sweep ends (resubmitting after a driver kill)
@@ -263,7 +268,12 @@ class Campaign:
                     state = self.status(sid)
                     if state == "SUCCEEDED":
                         break
+                    if time.time() - t0 > timeout:
+                        raise RuntimeError(f"the campaign ran past {timeout} s waiting to recover from {fault}")
                     if state in ("FAILED", "STOPPED"):
+                        if resubmits >= 3 * len(self.kinds) + 2:
+                            raise RuntimeError(f"the sweep did not recover after {resubmits} resubmissions:\n"
+                                               + self.logs(sid)[-4000:])
                         resubmits += 1
                         sid = self.submit(resume=True)
                     time.sleep(2.0)
@@ -278,7 +288,7 @@ class Campaign:
                "faults_injected": len(self.faults), "faults": self.faults, "jobs": self.jobs,
                "resubmissions": len(self.jobs) - 1, "wall_s": round(wall, 1)}
         with self._login() as c:
-            out.update(audit(c, self.sweep_name, plan))
+            out.update(audit(c, self.sweep_name, plan, models=self.log_models))
         # counts are exact; the recovery times are samples of a noisy machine: their median and spread
         recovery = summarize([f["recovery_s"] for f in self.faults]) if self.faults else None
         out["samples"] = [{"kind": f.get("kind"), "recovery_s": f["recovery_s"]} for f in self.faults]

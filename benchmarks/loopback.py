@@ -1,5 +1,6 @@
-"""Processes and ports on loopback: a free port, waiting for an HTTP server to answer, and stopping a process
-group. What benchmarks/stack.py and the browser test start their servers with."""
+"""Processes and ports on loopback: a free port, waiting for an HTTP server to answer, stopping a process group, and
+one Ray's processes and ports among others'. What benchmarks/stack.py and the browser test start their servers
+with."""
 
 from __future__ import annotations
 
@@ -49,3 +50,48 @@ def stop_group(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout
         proc.wait(timeout)
     except ProcessLookupError:
         pass
+
+
+def ray_processes(temp_dirs: list[str]) -> list:
+    """One Ray's processes and no other's on the machine: every process whose command line names one of its nodes'
+    temp dirs (GCS, raylets, dashboard, monitors), with everything they started (workers, agents, job drivers).
+    `ray stop` has no such filter: it stops every Ray of the user, a sweep running beside the tests included."""
+    import psutil
+
+    roots = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(d in " ".join(p.info["cmdline"] or []) for d in temp_dirs):
+            roots.append(p)
+    own = {p.pid: p for p in roots}
+    for p in roots:
+        try:
+            own.update((c.pid, c) for c in p.children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    return list(own.values())
+
+
+def stop_processes(procs: list, grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL for what is still alive after `grace` seconds."""
+    import psutil
+
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    left = psutil.wait_procs(procs, timeout=grace)[1]
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=10)
+
+
+def agent_ports() -> list[str]:
+    """A node's dashboard agent listens on 52365 unless told otherwise: a second node on the machine (the worker, or
+    another Ray, such as a sweep running beside the tests) then has no job agent, and `ray job submit` waits for
+    one forever. Each node gets free ports of its own."""
+    return ["--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
+            "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port())]

@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shutil
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -27,58 +29,11 @@ from measure import combine, interleave, summarize, timed
 GOAL = (0.9, 1.1)  # measured ÷ predicted speedup
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scale", default="s")
-    ap.add_argument("--family", default="decoder")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=9, help="interleaved rounds per ratio")
-    ap.add_argument("--passes", type=int, default=5, help="forward passes per measurement (their mean)")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed warm-up rounds")
-    ap.add_argument("--ratios", default="0.25,0.5,0.75")
-    ap.add_argument("--tiny", action="store_true", help="CI's size: xs, batch 2 x 32, ratio 0.5, 2 rounds of 1 pass")
-    ap.add_argument("--out", default="benchmarks/results/onnx_latency.json")
-    args = ap.parse_args(argv)
-    if args.tiny:
-        args.scale, args.batch_size, args.seq_len, args.repeats, args.passes = "xs", 2, 32, 2, 1
-        args.ratios = "0.5"
-
-    import onnxruntime as ort
-    import torch
-
-    from lightning_modules.config import model_config_for
-    from lightning_modules.export import write_onnx
+def measure(args, dense, cfg, session, ms, torch_side, feed, f_dense) -> tuple[list, list]:
+    """Per ratio: the pruned graph exported and checked, the four sides timed interleaved."""
     from lightning_modules.heads import prune_heads
-    from lightning_modules.models import build_model
     from lightning_modules.pruning import forward_flops, heads_to_keep
     from lightning_modules.scoring import score_random
-
-    cfg = model_config_for(args.scale, args.family)
-    dense = build_model(cfg, seed=0).eval()
-    ids = torch.randint(0, 256, (args.batch_size, args.seq_len), generator=torch.Generator().manual_seed(0))
-    feed = {"input_ids": ids.numpy()}
-    f_dense = forward_flops(dense, args.seq_len)["total"]
-    tmp = Path(tempfile.mkdtemp(prefix="onnx-latency-"))
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = opts.inter_op_num_threads = torch.get_num_threads()
-
-    def session(model, name: str):
-        check = write_onnx(model, tmp / name / "model.onnx")
-        return ort.InferenceSession(str(tmp / name / "model.onnx"), opts, providers=["CPUExecutionProvider"]), check
-
-    def ms(run):
-        def passes():
-            for _ in range(args.passes):
-                run()
-        side = timed(passes)
-        return lambda: side() * 1000 / args.passes
-
-    def torch_side(model):
-        def run():
-            with torch.inference_mode():
-                model(input_ids=ids)
-        return ms(run)
 
     dense_ort, dense_check = session(dense, "dense")
     rows, samples = [], []
@@ -109,6 +64,73 @@ def main(argv=None) -> dict:
                      "onnx_check": {"dense": dense_check, "pruned": check},
                      "meets_goal": vs_flops["meets_goal"]})
         samples += got
+    return rows, samples
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", default="s")
+    ap.add_argument("--family", default="decoder")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=9, help="interleaved rounds per ratio")
+    ap.add_argument("--passes", type=int, default=5, help="forward passes per measurement (their mean)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed warm-up rounds")
+    ap.add_argument("--ratios", default="0.25,0.5,0.75")
+    ap.add_argument("--tiny", action="store_true", help="CI's size: xs, batch 2 x 32, ratio 0.5, 2 rounds of 1 pass")
+    ap.add_argument("--out", default="benchmarks/results/onnx_latency.json")
+    args = ap.parse_args(argv)
+    from lightning_modules.export import missing_onnx_packages
+
+    if missing_onnx_packages():
+        print(f"onnx_latency: needs {', '.join(missing_onnx_packages())}: pip install -e \".[onnx]\"", file=sys.stderr)
+        raise SystemExit(2)
+    if args.tiny:
+        args.scale, args.batch_size, args.seq_len, args.repeats, args.passes = "xs", 2, 32, 2, 1
+        args.ratios = "0.5"
+
+    import onnxruntime as ort
+    import torch
+
+    from lightning_modules.config import model_config_for
+    from lightning_modules.export import write_onnx
+    from lightning_modules.models import build_model
+    from lightning_modules.pruning import forward_flops
+
+    cfg = model_config_for(args.scale, args.family)
+    dense = build_model(cfg, seed=0).eval()
+    ids = torch.randint(0, 256, (args.batch_size, args.seq_len), generator=torch.Generator().manual_seed(0))
+    feed = {"input_ids": ids.numpy()}
+    f_dense = forward_flops(dense, args.seq_len)["total"]
+    tmp = Path(tempfile.mkdtemp(prefix="onnx-latency-"))
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = torch.get_num_threads()
+    # onnxruntime's threads spin after a run by default, taking the CPU from whichever side runs next
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+
+    def session(model, name: str):
+        check = write_onnx(model, tmp / name / "model.onnx")
+        return ort.InferenceSession(str(tmp / name / "model.onnx"), opts, providers=["CPUExecutionProvider"]), check
+
+    def ms(run):
+        def passes():
+            for _ in range(args.passes):
+                run()
+        side = timed(passes)
+        return lambda: side() * 1000 / args.passes
+
+    def torch_side(model):
+        def run():
+            with torch.inference_mode():
+                model(input_ids=ids, use_cache=False)  # as the graph: logits only, no key/value cache
+        return ms(run)
+
+    try:
+        rows, samples = measure(args, dense, cfg, session, ms, torch_side, feed, f_dense)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
     res = {"benchmark": "onnx_latency", "scale": args.scale, "family": args.family, "batch_size": args.batch_size,
            "seq_len": args.seq_len, "repeats": args.repeats, "passes": args.passes, "device": "cpu",
            "threads": torch.get_num_threads(), "onnxruntime": ort.__version__, "goal_abs_error": 0.10,

@@ -29,7 +29,7 @@ from functools import cache
 from pathlib import Path
 
 import yaml
-from loopback import free_port, stop_group, wait_http
+from loopback import agent_ports, free_port, ray_processes, stop_group, stop_processes, wait_http  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -256,51 +256,6 @@ class MLflow:
         return r.stdout
 
 
-def ray_processes(temp_dirs: list[str]) -> list:
-    """One Ray's processes and no other's on the machine: every process whose command line names one of its nodes'
-    temp dirs (GCS, raylets, dashboard, monitors), with everything they started (workers, agents, job drivers).
-    `ray stop` has no such filter: it stops every Ray of the user, a sweep running beside the tests included."""
-    import psutil
-
-    roots = []
-    for p in psutil.process_iter(["cmdline"]):
-        if any(d in " ".join(p.info["cmdline"] or []) for d in temp_dirs):
-            roots.append(p)
-    own = {p.pid: p for p in roots}
-    for p in roots:
-        try:
-            own.update((c.pid, c) for c in p.children(recursive=True))
-        except psutil.NoSuchProcess:
-            continue
-    return list(own.values())
-
-
-def stop_processes(procs: list, grace: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL for what is still alive after `grace` seconds."""
-    import psutil
-
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    left = psutil.wait_procs(procs, timeout=grace)[1]
-    for p in left:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(left, timeout=10)
-
-
-def _agent_ports() -> list[str]:
-    """A node's dashboard agent listens on 52365 unless told otherwise: a second node on the machine (the worker, or
-    another Ray, such as a sweep running beside the tests) then has no job agent, and `ray job submit` waits for
-    one forever. Each node gets free ports of its own."""
-    return ["--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
-            "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port())]
-
-
 class Ray:
     """A head and a worker node (`ray start`), token auth on, both with the RayCluster head container's env."""
 
@@ -330,10 +285,10 @@ class Ray:
         self.temp_dirs += [head, worker]
         self.started = True
         r = self.ray("start", "--head", "--port", str(self.gcs), "--dashboard-host", "127.0.0.1",
-                     "--dashboard-port", str(self.dash_port), "--temp-dir", head, *self.common, *_agent_ports())
+                     "--dashboard-port", str(self.dash_port), "--temp-dir", head, *self.common, *agent_ports())
         if r.returncode != 0:
             raise RuntimeError(r.stdout[-2000:] + r.stderr[-2000:])
-        r = self.ray("start", "--address", self.address, "--temp-dir", worker, *self.common, *_agent_ports())
+        r = self.ray("start", "--address", self.address, "--temp-dir", worker, *self.common, *agent_ports())
         if r.returncode != 0:
             raise RuntimeError(r.stdout[-2000:] + r.stderr[-2000:])
         wait_http(f"{self.dashboard}/api/version", headers={"Authorization": f"Bearer {self.token}"}, timeout=120)

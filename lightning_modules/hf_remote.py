@@ -28,8 +28,9 @@ def apply_rotary(x_BHTd: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """Rotate query/key vectors by their position (positions 0..T-1; an encoder has no cache)."""
     t, d = x_BHTd.shape[-2], x_BHTd.shape[-1]
     key = (t, d, base, x_BHTd.device, x_BHTd.dtype)
-    # a traced length (torch.export, ONNX) is symbolic: computed in the graph, not cached
-    cached = isinstance(t, int) and not torch.compiler.is_compiling()
+    # a traced length (torch.export, ONNX) is symbolic: computed in the graph, not cached; nor are tensors made under
+    # inference_mode, which a later backward pass could not save
+    cached = isinstance(t, int) and not torch.compiler.is_compiling() and not torch.is_inference_mode_enabled()
     if not cached or key not in _ROPE_CACHE:
         inv = 1.0 / (base ** (torch.arange(0, d, 2, device=x_BHTd.device).float() / d))
         freqs = torch.outer(torch.arange(t, device=x_BHTd.device).float(), inv)

@@ -194,6 +194,8 @@ def load_model(directory: str | os.PathLike):
     config = tf.AutoConfig.from_pretrained(str(d))
     arch = (config.architectures or [DEFAULT_ARCH[mt]])[0]
     arch = arch.removeprefix("Headroom")  # a `headroom export` directory names its modeling file's class
+    if hasattr(config, "auto_map"):  # headroom builds the model itself: a re-saved copy must not point at a
+        del config.auto_map  # modeling file it does not carry
     if ARCHITECTURES.get(arch) != mt:
         raise HeadroomInputError(f"checkpoint {d}: architecture {arch!r} is not supported")
     cls = getattr(tf, arch)

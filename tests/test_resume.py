@@ -163,40 +163,67 @@ def test_killed_driver_resumes_without_rerunning_or_duplicating(interrupted):
 
 
 LOAD = """
-import json, sys, mlflow, torch
-assert mlflow.__name__ and "lightning_modules" not in sys.modules
-pipe = mlflow.transformers.load_model(sys.argv[1])
-with torch.no_grad():
-    logits = pipe.model(input_ids=torch.tensor([json.loads(sys.argv[2])])).logits
-gen = pipe("def ", max_new_tokens=4, do_sample=False)[0]["generated_text"]
-print(json.dumps({"logits": logits.tolist(), "class": type(pipe.model).__name__, "generated": gen}))
+import importlib.util, json, sys, mlflow, torch
+assert not importlib.util.find_spec("lightning_modules"), "headroom found"
+out = {}
+for name, uri, store, ids in json.loads(sys.argv[1]):
+    mlflow.set_tracking_uri(store)
+    pipe = mlflow.transformers.load_model(uri)
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        r = {"logits": pipe.model(input_ids=x).logits.tolist(), "class": type(pipe.model).__name__}
+        if name == "decoder":
+            r["generated"] = pipe.model.generate(x, max_new_tokens=4, do_sample=False).tolist()
+            r["text"] = pipe("def ", max_new_tokens=4, do_sample=False)[0]["generated_text"]
+    out[name] = r
+assert not [m for m in sys.modules if m.startswith(("lightning_modules", "orchestration"))]
+print(json.dumps(out))
 """
 
 
-def test_a_global_prunes_logged_model_loads_with_mlflow_in_a_fresh_process(interrupted):
-    """MLflow's own loader, in a process that never imports headroom, builds the pruned model with its per-layer
-    head counts from the logged modeling file, and computes what headroom's checkpoint of the trial computes."""
-    import sys
-
+def test_pruned_models_logged_to_mlflow_load_in_a_fresh_process_without_headroom(interrupted, tmp_path):
+    """MLflow's own loader, in a virtual environment without headroom, builds a global prune's decoder (its layers
+    keep different head counts) and a pruned rotary encoder from the modeling file each carries, and they compute
+    what headroom's own models compute; the decoder generates headroom's greedy tokens. The decoder is the resume
+    sweep's, logged by its driver; the encoder is logged here the same way (registry.log_pruned_model)."""
+    import mlflow
     import torch
+    from test_export import _bare_python
 
-    from lightning_modules.models import load_model
+    from lightning_modules.config import model_config_for
+    from lightning_modules.heads import prune_heads
+    from lightning_modules.models import build_model, load_model, save_model
+    from orchestration.running.registry import log_pruned_model
 
     cwd = interrupted["cwd"]
     _, children = split(runs_of(client(cwd), "resume"))
     x = next(x for x in children if x.data.tags["headroom.arm"] == "pruned"
              and len(set(x.data.tags["headroom.kept"].split(","))) > 1)
+    decoder = load_model(x.data.tags["headroom.checkpoint"].removeprefix("file://") + "/model")
+    encoder = prune_heads(build_model(model_config_for("xs", "encoder"), seed=0).eval(), [[0, 1, 2], [4, 5, 6, 7]])
+    save_model(encoder, tmp_path / "encoder")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = mlflow.MlflowClient(store)
+    run = c.create_run(c.create_experiment("encoder"))
+    enc_uri = log_pruned_model(store, run.info.run_id, tmp_path / "encoder", "byte")
+    assert {"export/config.json", "export/modeling_headroom.py"} <= {a.path for a in c.list_artifacts(
+        run.info.run_id, "export")}
     ids = list(b"import os\nfor name in os.listdir('.'):\n")
-    r = subprocess.run([sys.executable, "-I", "-c", LOAD, x.data.tags["headroom.model"], json.dumps(ids)], cwd=cwd,
-                       capture_output=True, text=True, timeout=300, check=False,
-                       env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{cwd / 'mlflow.db'}"})
+    cases = [["decoder", x.data.tags["headroom.model"], f"sqlite:///{cwd / 'mlflow.db'}", ids],
+             ["encoder", enc_uri, store, ids]]
+    r = subprocess.run([str(_bare_python(tmp_path)), "-I", "-c", LOAD, json.dumps(cases)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    ref = load_model(x.data.tags["headroom.checkpoint"].removeprefix("file://") + "/model")
+    for name, model in (("decoder", decoder), ("encoder", encoder)):
+        with torch.no_grad():
+            want = model(input_ids=torch.tensor([ids])).logits
+        torch.testing.assert_close(torch.tensor(got[name]["logits"]), want, rtol=1e-4, atol=1e-5)
+    assert (got["decoder"]["class"], got["encoder"]["class"]) == ("HeadroomLlamaForCausalLM", "HeadroomBertForMaskedLM")
     with torch.no_grad():
-        want = ref(input_ids=torch.tensor([ids])).logits
-    torch.testing.assert_close(torch.tensor(got["logits"]), want, rtol=1e-4, atol=1e-5)
-    assert got["class"] == "HeadroomLlamaForCausalLM" and got["generated"].startswith("def ")
+        greedy = decoder.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)
+    assert got["decoder"]["generated"] == greedy.tolist() and len(greedy[0]) == len(ids) + 4
+    assert got["decoder"]["text"].startswith("def ") and len(got["decoder"]["text"]) > len("def ")
 
 
 def test_resumed_sweeps_report_prune_timing(interrupted):

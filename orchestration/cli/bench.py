@@ -88,6 +88,12 @@ def cmd_bench(args) -> int:
     for n in names:
         if n not in table:
             raise HeadroomInputError(f"bench: unknown benchmark {n!r}; choose from {', '.join(table)}")
+    if "onnx_latency" in names:
+        from lightning_modules.export import missing_onnx_packages
+
+        if missing_onnx_packages():
+            raise HeadroomInputError(f"bench onnx_latency: needs {', '.join(missing_onnx_packages())}: pip install "
+                                     "-e \".[onnx]\" (or name the other benchmarks)")
     if args.gpu:
         import torch
 

@@ -274,7 +274,7 @@ def cmd_export(args) -> int:
     print(f"exported {args.checkpoint} to {out}: loads with {how}; tokenizer: {done['tokenizer'] or 'none'}")
     if args.onnx:
         o = done["onnx"]
-        print(f"ONNX: {out}/onnx/{o['file']} (dynamic batch and length); onnxruntime on a {o['check_shape'][0]}x"
-              f"{o['check_shape'][1]} batch: max |logit difference| {o['max_abs_diff']:.2e} (largest |logit| "
-              f"{o['max_abs_logit']:.3g})")
+        shapes = " and ".join(f"{b}x{t}" for b, t in o["shapes_checked"])
+        print(f"ONNX: {out}/onnx/{o['file']} (dynamic batch and length); onnxruntime against PyTorch on {shapes} "
+              f"batches: max |logit difference| {o['max_abs_diff']:.2e} (largest |logit| {o['max_abs_logit']:.3g})")
     return 0

@@ -24,10 +24,13 @@ REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors")
 TASKS = {"AutoModelForCausalLM": "text-generation", "AutoModelForMaskedLM": "fill-mask"}
 
 
-def log_pruned_model(uri: str, run_id: str, model_dir: str | Path, tokenizer: str) -> str:
-    """Export the checkpoint in `model_dir` into the run's `export/` artifacts and log it from there as an MLflow
-    transformers model; returns its model URI. Loaded through its Auto class first: MLflow 3.17 cannot log a
-    checkpoint directory by path with transformers v5."""
+def log_pruned_model(uri: str, run_id: str, model_dir: str | Path, tokenizer: str, logged: str | None = None) -> str:
+    """Export the checkpoint in `model_dir`, log it from the exported directory as an MLflow transformers model
+    (unless `logged`, the URI of one this run already has), then the directory itself as the run's `export/`
+    artifacts; returns the model's URI. The model first, the directory after: a failure leaves no `export/` beside
+    a run without its model, and a unit finished again finds its model and writes the directory again (the same
+    files). Loaded through its Auto class first: MLflow 3.17 cannot log a checkpoint directory by path with
+    transformers v5."""
     import mlflow
     import transformers
     from mlflow.tracking._tracking_service.utils import _use_tracking_uri  # the caller's MLflow URI stays as it was
@@ -47,18 +50,21 @@ def log_pruned_model(uri: str, run_id: str, model_dir: str | Path, tokenizer: st
     with tempfile.TemporaryDirectory() as tmp, _use_tracking_uri(uri):
         exp = Path(tmp) / EXPORT_DIR
         done = write_export(load_model(info.model_dir), exp, info.model_dir if info.has_tokenizer else None)
+        if logged is None:
+            auto = getattr(transformers, done["auto_class"])
+            parts = {"model": auto.from_pretrained(str(exp), trust_remote_code=done["remote_code"]),
+                     "tokenizer": transformers.AutoTokenizer.from_pretrained(str(exp))}
+            verbosity = tf_logging.get_verbosity()
+            tf_logging.set_verbosity_error()  # the pipeline MLflow builds names every class it knows when it meets ours
+            try:
+                with mlflow.start_run(run_id=run_id):
+                    logged = mlflow.transformers.log_model(
+                        parts, name=MODEL_NAME, task=TASKS[done["auto_class"]],
+                        pip_requirements=[f"{p}=={version(p)}" for p in REQUIREMENTS]).model_uri  # no inference
+            finally:
+                tf_logging.set_verbosity(verbosity)
         mlflow.MlflowClient(uri).log_artifacts(run_id, str(exp), EXPORT_DIR)
-        auto = getattr(transformers, done["auto_class"])
-        parts = {"model": auto.from_pretrained(str(exp), trust_remote_code=done["remote_code"]),
-                 "tokenizer": transformers.AutoTokenizer.from_pretrained(str(exp))}
-        verbosity = tf_logging.get_verbosity()
-        tf_logging.set_verbosity_error()  # the pipeline MLflow builds names every class it knows when it meets ours
-        with mlflow.start_run(run_id=run_id):
-            logged = mlflow.transformers.log_model(
-                parts, name=MODEL_NAME, task=TASKS[done["auto_class"]],
-                pip_requirements=[f"{p}=={version(p)}" for p in REQUIREMENTS])  # no inference: it loads the model
-        tf_logging.set_verbosity(verbosity)
-    return logged.model_uri
+    return logged
 
 
 def registered_name(sweep: str, cell: str, family: str, ratio: float) -> str:

@@ -374,9 +374,9 @@ class TrackingCallback(Callback):
         found = [m for m in self.tracker.client.search_logged_models(
             [self.tracker.experiment_id], filter_string=f"source_run_id = '{run_id}' AND name = '{MODEL_NAME}'")
             if m.status == LoggedModelStatus.READY]
-        try:
-            uri = f"models:/{found[0].model_id}" if found else log_pruned_model(
-                self.tracker.uri, run_id, model_dir, unit.data.tokenizer)
+        try:  # a model logged before a crash is kept; its exported directory is written again
+            uri = log_pruned_model(self.tracker.uri, run_id, model_dir, unit.data.tokenizer,
+                                   f"models:/{found[0].model_id}" if found else None)
         except Exception as e:  # noqa: BLE001 - the unit's results stand; its model is missing, and says why
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             self.say(f"  {unit.name}: pruned model not logged ({type(e).__name__}: {first})")
