@@ -33,6 +33,7 @@ prune: {ratios: [0.5], methods: [random], finetune_steps: 2, calibration_batches
 lr: 3.0e-3
 resources: {cpu: 1, gpu: 0}
 retries: 2
+log_models: false
 """
 FAULT_STEP = 15  # after the checkpoint of step 10 (val_every 10): the restart continues from step 10
 

@@ -61,6 +61,7 @@ scales:
     resources: {cpu: 0.25, gpu: 0.5}   # two trials to a GPU; the CPUs would allow eight
 seeds: [0, 1, 2, 3]
 prune: {ratios: [0.5], methods: [random], finetune_steps: 0, calibration_batches: 1, curve: false}
+log_models: false
 """
 
 

@@ -144,6 +144,7 @@ seeds: [0, 1]
 prune: {ratios: [0.5], methods: [gradient], finetune_steps: [0, 4], recovery: [lm, distill], finetune_lr: 1.0e-3,
         calibration_batches: 2, curve: false}
 controls: [scratch_b, scratch_kd]
+log_models: false   # the models are not what this sweep tests (CI time)
 """
 
 
