@@ -29,7 +29,7 @@ from functools import cache
 from pathlib import Path
 
 import yaml
-from loopback import agent_ports, free_port, ray_processes, stop_group, stop_processes, wait_http  # noqa: F401
+from loopback import agent_ports, free_port, ray_processes, stop_group, stop_processes, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"

@@ -116,8 +116,8 @@ def test_stopping_the_stack_stops_its_own_ray_and_no_other(cluster):
     import tempfile
 
     import psutil
-    from loopback import free_port
-    from stack import BIN, ray_processes, stop_processes
+    from loopback import free_port, ray_processes, stop_processes
+    from stack import BIN
 
     def alive(p) -> bool:  # a zombie has exited (its parent, init here, has not reaped it yet)
         try:
