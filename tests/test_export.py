@@ -141,3 +141,15 @@ def test_export_refuses_bad_input_in_one_line(exported, tmp_path):
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
     assert not (tmp_path / "o").exists() and [p.name for p in (tmp_path / "busy").iterdir()] == ["f"]
+
+
+def test_a_failed_onnx_check_leaves_nothing_behind(tmp_path, monkeypatch):
+    """write_onnx raises when onnxruntime disagrees with PyTorch past its tolerance (here: any difference at all is
+    too much); the export then writes nothing — no output directory, no temporary one beside it."""
+    from lightning_modules import export as ex
+
+    monkeypatch.setattr(ex, "ONNX_ATOL", -1.0)
+    model = prune_heads(build_model(model_config_for("xs"), seed=0).eval(), [[0, 3, 5], [1, 2, 4, 6, 7]])
+    with pytest.raises(ValueError, match="differ from PyTorch's"):
+        ex.write_export(model, tmp_path / "out", onnx=True)
+    assert list(tmp_path.iterdir()) == []
