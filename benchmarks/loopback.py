@@ -80,13 +80,19 @@ def stop_processes(procs: list, grace: float = 5.0) -> None:
             p.terminate()
         except psutil.NoSuchProcess:
             pass
-    left = psutil.wait_procs(procs, timeout=grace)[1]
-    for p in left:
+    kill_processes(psutil.wait_procs(procs, timeout=grace)[1])
+
+
+def kill_processes(procs: list, timeout: float = 10.0) -> None:
+    """SIGKILL each, then wait up to `timeout` seconds for them to go."""
+    import psutil
+
+    for p in procs:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(left, timeout=10)
+    psutil.wait_procs(procs, timeout=timeout)
 
 
 def agent_ports() -> list[str]:

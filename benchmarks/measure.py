@@ -133,3 +133,23 @@ def ratio_result(samples: list[dict], num: str, den: str, goal: tuple[float, flo
         s["ratio"] = s[num] / s[den]
     s = summarize([x["ratio"] for x in samples], goal)
     return {"samples": samples, key: s["median"], "spread": s["spread"], "meets_goal": s["meets_goal"]}
+
+
+def write_speedups(res: dict, rows: list[dict], samples: list[dict], batch_size: int, out: str) -> dict:
+    """A latency benchmark's per-ratio result (prune_speed, onnx_latency): each ratio's median speedup, spread and
+    goal verdict beside `res`, every round in `samples`; the goal is claimed only at batch >= 16. Written to `out`."""
+    import json
+    from pathlib import Path
+
+    res.update(median_speedup={str(x["ratio"]): x["median_speedup"] for x in rows},
+               spread={str(x["ratio"]): x["spread"] for x in rows},
+               meets_goal_by={str(x["ratio"]): x["meets_goal"] for x in rows}, samples=samples, rows=rows)
+    if batch_size >= 16:
+        res["meets_goal"] = combine([x["meets_goal"] for x in rows])
+    else:
+        res["meets_goal"] = False
+        res["goal_note"] = "the goal is stated at batch >= 16; this run's batch is smaller"
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=2) + "\n")
+    return res

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import shutil
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from measure import combine, interleave, summarize, timed
+from measure import interleave, summarize, timed, write_speedups
 
 GOAL = (0.9, 1.1)  # measured ÷ predicted speedup
 
@@ -135,18 +134,9 @@ def main(argv=None) -> dict:
            "seq_len": args.seq_len, "repeats": args.repeats, "passes": args.passes, "device": "cpu",
            "threads": torch.get_num_threads(), "onnxruntime": ort.__version__, "goal_abs_error": 0.10,
            "goal": "|onnxruntime's measured ÷ predicted speedup − 1| ≤ 0.10 at batch ≥ 16, at every ratio",
-           "median_speedup": {str(x["ratio"]): x["median_speedup"] for x in rows},
-           "spread": {str(x["ratio"]): x["spread"] for x in rows},
-           "meets_goal_by": {str(x["ratio"]): x["meets_goal"] for x in rows},
-           "samples": samples, "rows": rows}
-    if args.batch_size >= 16:
-        res["meets_goal"] = combine([x["meets_goal"] for x in rows])
-    else:
-        res["meets_goal"] = False
-        res["goal_note"] = "the goal is stated at batch >= 16; this run's batch is smaller"
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
+           # per ratio (write_speedups): the median speedup (dense ÷ pruned), its spread; samples: every round
+           }
+    write_speedups(res, rows, samples, args.batch_size, args.out)
     for x in rows:
         lat, iqr = x["latency_ms"], x["spread"]["iqr"]
         print(f"ratio {x['ratio']}: onnxruntime dense {lat['ort_dense']:.2f} ms, pruned {lat['ort_pruned']:.2f} "

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
-from pathlib import Path
 
 
-from measure import combine, interleave, summarize, timed  # noqa: E402
+from measure import interleave, summarize, timed, write_speedups  # noqa: E402
 
 GOAL = (0.9, 1.1)  # measured ÷ predicted speedup
 
@@ -90,19 +88,9 @@ def main(argv=None) -> dict:
            "seq_len": args.seq_len, "repeats": args.repeats, "passes": args.passes, "device": device,
            "dtype": args.dtype, "threads": torch.get_num_threads(), "goal_abs_error": 0.10,
            "goal": "|measured ÷ predicted speedup − 1| ≤ 0.10 at batch ≥ 16, at every ratio",
-           # per ratio: the median speedup (dense ÷ pruned) and its spread; samples hold every round's latencies
-           "median_speedup": {str(x["ratio"]): x["median_speedup"] for x in rows},
-           "spread": {str(x["ratio"]): x["spread"] for x in rows},
-           "meets_goal_by": {str(x["ratio"]): x["meets_goal"] for x in rows},
-           "samples": samples, "rows": rows}
-    if args.batch_size >= 16:
-        res["meets_goal"] = combine([x["meets_goal"] for x in rows])
-    else:
-        res["meets_goal"] = False
-        res["goal_note"] = "the goal is stated at batch >= 16; this run's batch is smaller"
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
+           # per ratio (write_speedups): the median speedup (dense ÷ pruned), its spread; samples: every round
+           }
+    write_speedups(res, rows, samples, args.batch_size, args.out)
     for x in rows:
         iqr = x["spread"]["iqr"]
         print(f"ratio {x['ratio']}: dense {x['latency_ms']['dense']:.1f} ms, masked {x['latency_ms']['masked']:.1f}, "

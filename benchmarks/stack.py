@@ -29,7 +29,7 @@ from functools import cache
 from pathlib import Path
 
 import yaml
-from loopback import agent_ports, free_port, ray_processes, stop_group, stop_processes, wait_http
+from loopback import agent_ports, free_port, kill_processes, ray_processes, stop_group, stop_processes, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -299,15 +299,7 @@ class Ray:
     def kill(self) -> None:
         """kill -9 of both nodes and everything they started; `start()` brings up new ones on the same address,
         dashboard port and token (new temp dirs, as a restarted pod's)."""
-        import psutil
-
-        procs = self.processes()
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=30)
+        kill_processes(self.processes(), timeout=30)
 
     def stop(self) -> None:
         if self.started:
