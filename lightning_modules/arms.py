@@ -167,6 +167,9 @@ register_arm(Arm("scratch_b", "Scratch-B",
                  "FLOPs match dense training plus fine-tuning, {steps} ({what}).",
                  control=True, architecture=pruned_shape, steps=matched_compute, for_global=True,
                  search_as="scratch_e", per_recovery=True))
+register_arm(Arm("scratch_curve", "from-scratch curve",
+                 "From-scratch curve: the pruned architecture ({heads}) trained from scratch for {steps}, a fraction "
+                 "of the dense run's budget ({what}): the learning curve a pruned start's savings are read from."))
 register_arm(Arm("wide", "wide",
                  "wide control: {heads} of {head_dim} dims, as wide as the dense model's attention allows (the "
                  "usual fewer-heads model), trained from scratch for {steps} ({what}).",

@@ -123,7 +123,10 @@ class ModelConfig(Strict):
         return ModelConfig(**data)
 
 
-Schedule = Literal["cosine", "linear", "constant"]
+# wsd: warmup-stable-decay (Hägele et al. 2024): the peak rate until the last `cooldown_fraction` of the steps, then
+# a (1 - sqrt) decay to min_lr_ratio. Its rate up to a budget's cooldown does not depend on the budget, so one long
+# run's checkpoint there starts every shorter budget's cooldown (orchestration/design/trunks.py)
+Schedule = Literal["cosine", "linear", "constant", "wsd"]
 Precision = Literal["auto", "32-true", "bf16-mixed", "16-mixed"]
 
 
@@ -135,6 +138,7 @@ class TrainConfig(Strict):
     warmup_steps: int = Field(default=30, ge=0)
     schedule: Schedule = "cosine"
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    cooldown_fraction: float = Field(default=0.2, gt=0, le=1)  # wsd: the decaying share of the steps
     weight_decay: float = Field(default=0.1, ge=0)
     grad_clip: float = Field(default=1.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.95)
@@ -150,6 +154,15 @@ class TrainConfig(Strict):
     def _tokens(self):
         check_tokens("steps", self.steps, self.batch_size, self.seq_len)
         return self
+
+
+def cooldown_start(cfg: TrainConfig, total_steps: int | None = None) -> int:
+    """The step at which a `wsd` schedule of `total_steps` (default cfg.steps) leaves its peak rate: the last
+    round(cooldown_fraction · total) steps decay (at least one), never before the warmup ends. Up to this step the
+    schedule is the same for every budget, so a longer run's checkpoint here starts this budget's cooldown."""
+    total = total_steps or cfg.steps
+    warm = min(cfg.warmup_steps, max(total - 1, 0))
+    return max(warm, total - max(1, round(cfg.cooldown_fraction * total)))
 
 
 # The stated cap of a whole-split evaluation (eval_batches None): at most this many tokens per eval set, windows

@@ -12,7 +12,7 @@ import time
 import pytorch_lightning as pl
 import torch
 
-from .config import EOS_ID, PAD_ID, ModelConfig, TrainConfig
+from .config import EOS_ID, PAD_ID, ModelConfig, TrainConfig, cooldown_start
 from .metric_names import (
     TRAIN_GRAD_NORM,
     TRAIN_LOSS,
@@ -26,17 +26,22 @@ from .models import build_model, count_parameters, model_config_of, token_losses
 
 
 def lr_lambda(cfg: TrainConfig, total_steps: int | None = None):
-    """Multiplier of the peak lr at a step: linear warmup, then cosine (or linear) decay to min_lr_ratio."""
+    """Multiplier of the peak lr at a step: linear warmup, then cosine (or linear) decay to min_lr_ratio; or (wsd)
+    the peak until `cooldown_start`, then a (1 - sqrt) decay to min_lr_ratio (Hägele et al. 2024)."""
     total = total_steps or cfg.steps
     warm = min(cfg.warmup_steps, max(total - 1, 0))
+    decay_from = cooldown_start(cfg, total) if cfg.schedule == "wsd" else warm
 
     def f(step: int) -> float:
         if step < warm:
             return (step + 1) / warm
-        if cfg.schedule == "constant":
+        if cfg.schedule == "constant" or step < decay_from:
             return 1.0
-        progress = min(1.0, (step - warm) / max(1, total - warm))
-        decay = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
+        progress = min(1.0, (step - decay_from) / max(1, total - decay_from))
+        if cfg.schedule == "wsd":
+            decay = 1 - math.sqrt(progress)
+        else:
+            decay = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay
 
     return f

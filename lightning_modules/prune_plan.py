@@ -56,6 +56,9 @@ class Recovery(Strict):
     finetune_steps: int = Field(default=0, ge=0)
     finetune_lr: float | None = Field(default=None, gt=0)
     finetune_lr_grid: tuple[Annotated[float, Field(gt=0)], ...] = ()
+    # up to this many more rates, one at a time, while the best rate tried is the lowest or the highest tried: one
+    # step of the grid (its geometric mean ratio) past it (pruning.recover)
+    finetune_lr_extend: int = Field(default=0, ge=0, le=8)
     # FLAP's bias compensation when the heads are removed (lightning_modules/compensate.py); None: the method's
     # recipe (methods.Method.compensates: on for flap)
     bias_compensation: bool | None = None

@@ -228,7 +228,8 @@ def recover(pruned, data, plan: PrunePlan, loaders: dict, loss_fn, timer: WorkTi
         return pruned, {}, {"lr": None, "source": "none", "grid": {}}
     clock = TrainClock()
     grid, val_of, finetuned = {}, {}, {}
-    for lr in plan.finetune_lrs:
+
+    def tune(lr):
         candidate = finetune(copy.deepcopy(pruned), data, plan.finetune_steps, lr, data.train_cfg, loss_fn, progress,
                              clock, train_loss, start)
         timer.s["train_s"] += clock.seconds
@@ -237,6 +238,20 @@ def recover(pruned, data, plan: PrunePlan, loaders: dict, loss_fn, timer: WorkTi
             val_of[lr] = evaluate_loss(candidate, loaders["val"], loss_fn, per_window=True)
         grid[lr] = val_of[lr]["loss"]
         finetuned[lr] = candidate
+
+    for lr in plan.finetune_lrs:
+        tune(lr)
+    best = min(grid, key=lambda lr: (grid[lr], lr))
+    rates = sorted(plan.finetune_lrs)
+    step = (rates[-1] / rates[0]) ** (1 / (len(rates) - 1)) if len(rates) > 1 else 1.0
+    for _ in range(plan.finetune_lr_extend if step > 1 else 0):  # bracket the chosen rate (one step past an edge)
+        tried = sorted(grid)
+        if tried[0] < best < tried[-1]:
+            break
+        tune(best * step if best == tried[-1] else best / step)
+        best = min(grid, key=lambda lr: (grid[lr], lr))
+        for lr in [lr for lr in finetuned if lr != best]:
+            del finetuned[lr]  # one candidate model kept besides the best
     best = min(grid, key=lambda lr: (grid[lr], lr))
     with timer("eval_s"):  # val: measured already, when the rate was chosen
         final = {s: val_of[best] if s == "val" else evaluate_loss(finetuned[best], l, loss_fn, per_window=True)

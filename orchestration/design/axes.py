@@ -99,6 +99,10 @@ AXES: list[Axis] = [  # declaration order; register_axis adds one (a test, or a 
     Axis("recovery", "prune.recovery", "lm", groups=True,
          get=lambda u: u.recovery if u.stage == "prune" or u.finetune_steps is not None or u.recovery != "lm"
          else NONE, in_name=lambda u: "kd" if u.recovery != "lm" else None),
+    # a from-scratch curve point's steps (arm scratch_curve: a fraction of T); "none" on other units
+    Axis("curve_steps", "scratch_curve", None, to_tag=_int_or_none, from_tag=_int_or(None), key="derived",
+         get=lambda u: u.train.steps if u.arm == "scratch_curve" else None,
+         in_name=lambda u: None if u.arm != "scratch_curve" else f"S{u.train.steps}"),
     # the comparison group a pruned run or a control belongs to: the values of every grouped axis, "*" where the
     # run stands for every value (decided by the plan, orchestration/design/unit.py: comparison_group); "none" on others
     Axis("group", "", key="derived", get=lambda u: u.comparison_group()),
@@ -107,7 +111,7 @@ BY_NAME = {a.name: a for a in AXES}
 # the order of a run name's parts (each axis's `in_name`): what the MLflow UI sorts by; register_axis puts a new
 # axis's part before the seed
 RUN_NAME = ["scale", "family", "budget", "arm", "method", "ratio", "scope", "schedule", "prune_at", "finetune_steps",
-            "recovery", "seed"]
+            "recovery", "curve_steps", "seed"]
 
 
 def grouped() -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-from lightning_modules.arms import ARMS, Budget, Shape, control_names
+from lightning_modules.arms import ARMS, Budget, Shape, control_names, pruned_shape
 from lightning_modules.config import (
     BYTE_VOCAB_SIZE,
     SCALES,
@@ -22,6 +22,7 @@ from lightning_modules.methods import charged_method, compensates, get_method, s
 from lightning_modules.prune_plan import PrunePlan
 
 from .schema import Sweep
+from .trunks import share_trunks
 from .unit import HALF_ARM, NONE, ProbeRun, PruneRun, Unit, _heads, arch_key
 
 
@@ -41,6 +42,10 @@ def scratch_architectures(sweep: Sweep, scale: str, family: str, vocab_size: int
     dense = model_config_for(scale, family, n_heads=h, vocab_size=vocab_size)
     out = {arch_key(dense): ("dense", dense)}
     for ratio in sweep.prune.ratios:
+        if sweep.scratch_curve:  # the from-scratch curve trains the Scratch-E shape: searched as Scratch-E
+            m = pruned_shape(Shape(scale, family, dense, h, heads_kept(h, ratio), vocab_size,
+                                   f"{scale}-{family}-scratch_curve-r{ratio:g} (lr search)"))
+            out.setdefault(arch_key(m), ("scratch_e", m))
         for name in control_names():  # in declaration order; arms of one shape share its search (search_as)
             if name in sweep.controls:
                 arm = ARMS[name]
@@ -92,7 +97,7 @@ def _trained(sweep, arm, scale, family, seed, model: ModelConfig, train: TrainCo
         if sweep.probes is not None:
             probes = ProbeRun(**sweep.probes.model_dump(), tolerance=sweep.prune.tolerance)
         snapshots = tuple(sorted({snapshot_step(p, train.steps) for p in sweep.prune.at if p < 1}))
-    extra = {} if recovery is None else _recovery_fields(sweep, *recovery)
+    extra = {} if recovery is None else _recovery_fields(sweep, scale, *recovery)
     # only a control that learns from a teacher distils; Scratch-B matched to a distilled arm trains on the LM loss
     extra["distill"] = sweep.prune.distill if ARMS[arm].teacher else None
     return Unit("train", arm, scale, family, seed, model, train, sweep.data, corpus_hash,
@@ -131,26 +136,27 @@ def unit_scoring_flops(u: Unit, n_heads: int, fwd_dense: float) -> float:
                          u.plan.compensates)
 
 
-def recoveries(sweep: Sweep) -> list[tuple[int, str]]:
-    """(F, objective) of every recovery the sweep's prunes run: each budget F with each objective of
-    `prune.recovery`; F = 0 (no fine-tune, so no objective) once, as "lm"."""
+def recoveries(sweep: Sweep, scale: str | None = None) -> list[tuple[int, str]]:
+    """(F, objective) of every recovery the prunes at `scale` run: each budget F of the scale (its own
+    `finetune_steps`, else `prune.finetune_steps`) with each objective of `prune.recovery`; F = 0 (no fine-tune,
+    so no objective) once, as "lm"."""
     p = sweep.prune
-    return [(f, kind) for f in p.finetune_steps for kind in (p.recovery if f > 0 else ["lm"])]
+    return [(f, kind) for f in sweep.finetune_steps(scale) for kind in (p.recovery if f > 0 else ["lm"])]
 
 
-def _recovery_fields(sweep: Sweep, f: int, kind: str) -> dict:
-    """A unit's recovery fields: F when the sweep lists several (the name and key carry it), the objective, and
+def _recovery_fields(sweep: Sweep, scale: str, f: int, kind: str) -> dict:
+    """A unit's recovery fields: F when its scale lists several (the name and key carry it), the objective, and
     the distillation settings of a distilled unit."""
-    return {"finetune_steps": f if len(sweep.prune.finetune_steps) > 1 else None, "recovery": kind,
+    return {"finetune_steps": f if len(sweep.finetune_steps(scale)) > 1 else None, "recovery": kind,
             "distill": sweep.prune.distill if kind == "distill" else None}
 
 
-def _control_variants(sweep: Sweep, arm) -> list[tuple[int, str] | None]:
+def _control_variants(sweep: Sweep, arm, scale: str) -> list[tuple[int, str] | None]:
     """The recoveries a control is planned for: one per (F, objective) of its `recoveries` when its budget follows
     the recovery (`per_recovery`), else one unit standing for every recovery (None)."""
     if not arm.per_recovery:
         return [None]
-    return [(f, kind) for f, kind in recoveries(sweep) if kind in arm.recoveries]
+    return [(f, kind) for f, kind in recoveries(sweep, scale) if kind in arm.recoveries]
 
 
 def _cells(sweep: Sweep):
@@ -178,7 +184,8 @@ def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None,
         tag = budget if len(budgets) > 1 else None
         dense.append(_trained(sweep, "dense", scale, family, seed, model, train, corpus_hash, lr_source=source,
                               budget=tag))
-        if budget == min(budgets) and seed == sweep.seeds[0] and budget >= 2:
+        if budget == min(budgets) and (sweep.trust.half_budget == "every" or seed == sweep.seeds[0]) \
+                and budget >= 2:
             # the converged check: the same model on its own full schedule to half the budget (a scale's larger
             # budgets are checked against its next smaller one)
             half = train.model_copy(update={"steps": budget // 2})
@@ -192,8 +199,8 @@ def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None,
                 m = arm.architecture(Shape(scale, family, model, h, heads_kept(h, ratio), vocab_size,
                                            f"{scale}-{family}-{name}-r{ratio:g}-s{seed}"))
                 lr_c, source_c = lr_for(sweep, scale, family, arch_key(m), lrs)
-                for variant in _control_variants(sweep, arm):
-                    f, kind = variant or (max(sweep.prune.finetune_steps), "lm")
+                for variant in _control_variants(sweep, arm, scale):
+                    f, kind = variant or (max(sweep.finetune_steps(scale)), "lm")
                     t = _train_cfg(sweep, scale, seed, lr_c, budget)
                     # per-layer controls stand for every method and schedule: charged the primary method's one
                     # scoring round (methods.charged_method)
@@ -202,6 +209,14 @@ def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None,
                     controls.append(_trained(sweep, name, scale, family, seed, m, t, corpus_hash, ratio,
                                              scope="per_layer", lr_source=source_c, budget=tag, recovery=variant,
                                              dense_key=dense[-1].key if arm.teacher else None))
+            if sweep.scratch_curve:  # the pruned shape's learning curve (the report's parent-free savings)
+                m = pruned_shape(Shape(scale, family, model, h, heads_kept(h, ratio), vocab_size,
+                                       f"{scale}-{family}-scratch_curve-r{ratio:g}-s{seed}"))
+                lr_c, source_c = lr_for(sweep, scale, family, arch_key(m), lrs)
+                for frac in sweep.scratch_curve:
+                    t = _train_cfg(sweep, scale, seed, lr_c, max(1, round(frac * budget)))
+                    controls.append(_trained(sweep, "scratch_curve", scale, family, seed, m, t, corpus_hash,
+                                             ratio, scope="per_layer", lr_source=source_c, budget=tag))
     return dense + controls
 
 
@@ -210,6 +225,7 @@ def _prune_run(sweep: Sweep, dense_lr: float | None, finetune_steps: int) -> Pru
     grid = () if p.finetune_lr is not None or dense_lr is None else tuple(m * dense_lr for m in p.finetune_lr_grid)
     return PruneRun(step=p.step, finetune_steps=finetune_steps, finetune_lr=p.finetune_lr,
                     finetune_lr_grid=grid if finetune_steps else (), bias_compensation=p.bias_compensation,
+                    finetune_lr_extend=p.finetune_lr_extend if grid and finetune_steps else 0,
                     **p.prune_data())
 
 
@@ -229,7 +245,11 @@ def prune_units(sweep: Sweep, dense: list[Unit]) -> list[Unit]:
     p = sweep.prune
     for d in dense:
         for (f, kind), at, method, ratio, scope, schedule in itertools.product(
-                recoveries(sweep), p.at, p.methods, p.ratios, p.scope, p.schedule):
+                recoveries(sweep, d.scale), p.at, p.methods, p.ratios, p.scope, p.schedule):
+            if p.recover_methods is not None and method not in p.recover_methods:
+                if (f, kind) != min(recoveries(sweep, d.scale)):
+                    continue  # planned once, before fine-tune only
+                f, kind = 0, "lm"
             run = _prune_run(sweep, d.train.lr if d.model is not None else None, f)  # None: a pretrained model's
             run = run.model_copy(update={"bias_compensation": _compensation(method, p.bias_compensation, at)})
             out.append(Unit("prune", "pruned", d.scale, d.family, d.seed, d.model, d.train, d.data, d.corpus_hash,
@@ -237,7 +257,7 @@ def prune_units(sweep: Sweep, dense: list[Unit]) -> list[Unit]:
                             # the mask-only curve is of the trained model: a prune during training draws none
                             prune=run if at == 1 else run.model_copy(update={"curve": False}),
                             dense_key=d.key, lr_source=d.lr_source, budget=d.budget, prune_at=at,
-                            **_recovery_fields(sweep, f, kind)).with_key())
+                            **_recovery_fields(sweep, d.scale, f, kind)).with_key())
     return out
 
 
@@ -369,7 +389,7 @@ def build_plan(sweep: Sweep, corpus_hash: str, vocab_size: int = BYTE_VOCAB_SIZE
     global BUILDS
     BUILDS += 1
     search = lr_search_bases(sweep, corpus_hash, vocab_size) if sweep.lr is not None and sweep.lr.search else []
-    units = train_units(sweep, corpus_hash, lrs, vocab_size)
+    units = share_trunks(train_units(sweep, corpus_hash, lrs, vocab_size))  # wsd: one trunk per architecture
     trained = [u for u in units if not ARMS[u.arm].teacher]
     taught = [u for u in units if ARMS[u.arm].teacher]
     return Plan(sweep, search, trained, prune_units(sweep, [u for u in trained if u.arm == "dense"]), lrs, taught,

@@ -141,9 +141,11 @@ def _eval_tokens(t: TrainConfig, batches: int | None) -> int:
     return batches * t.batch_size * t.seq_len if batches is not None else EVAL_CAP_TOKENS
 
 
-def _train_cost(sweep: Sweep, t: TrainConfig, fwd: int, final_eval: bool = True) -> int:
-    tokens = t.steps * t.batch_size * t.seq_len
-    val = (t.steps // t.val_every) * t.val_batches * t.batch_size * t.seq_len
+def _train_cost(sweep: Sweep, t: TrainConfig, fwd: int, final_eval: bool = True, start: int = 0) -> int:
+    """A train trial's compute from step `start` (a cooldown branch's, orchestration/design/trunks.py) to its end:
+    its training steps, the validations on the way and the final evaluation."""
+    tokens = (t.steps - start) * t.batch_size * t.seq_len
+    val = (t.steps // t.val_every - start // t.val_every) * t.val_batches * t.batch_size * t.seq_len
     final = _eval_sets(sweep) * _eval_tokens(t, t.eval_batches) if final_eval else 0
     return 3 * fwd * tokens + fwd * (val + final)
 
@@ -213,8 +215,8 @@ def plan_rows(sweep_plan: Plan) -> list[PlanRow]:
     for u in sweep_plan.trained:
         model, t = u.model, u.train
         params, fwd = _build(u.name, model, t)
-        rows.append(_row(u, "train", model, params, fwd, t.steps, _train_cost(sweep, t, fwd), sweep,
-                         list(model.layer_heads), "searched" if searched else t.lr))
+        rows.append(_row(u, "train", model, params, fwd, t.steps, _train_cost(sweep, t, fwd, start=u.branch_step),
+                         sweep, list(model.layer_heads), "searched" if searched else t.lr))
     dense_of = {d.key: d for d in sweep_plan.dense}
     for u in sweep_plan.taught:  # trained from scratch by distillation: every step pays a teacher pass
         model, t = u.model, u.train

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
-from pydantic import AfterValidator, Field, create_model, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
+from pydantic_core import to_jsonable_python
 
 from lightning_modules.arms import check_control
 from lightning_modules.bounds import Seed
@@ -51,8 +52,8 @@ NonEmpty = Field(min_length=1)
 
 # a sweep file's per-scale training overrides: these TrainConfig fields, each optional with TrainConfig's own
 # constraints (the model below is derived from TrainConfig, so the two cannot drift apart)
-OVERRIDABLE = ("batch_size", "seq_len", "warmup_steps", "schedule", "min_lr_ratio", "weight_decay", "grad_clip",
-               "precision", "val_every", "val_batches", "eval_batches", "mlm_probability")
+OVERRIDABLE = ("batch_size", "seq_len", "warmup_steps", "schedule", "min_lr_ratio", "cooldown_fraction",
+               "weight_decay", "grad_clip", "precision", "val_every", "val_batches", "eval_batches", "mlm_probability")
 
 
 def _optional(name: str):
@@ -105,6 +106,10 @@ class ScaleSpec(Strict):
     heads: int | None = Field(default=None, gt=0)  # dense head count H (default: the preset's)
     overrides: TrainOverrides = TrainOverrides()
     resources: ScaleResources | None = None  # per trial at this scale (default: the sweep's)
+    # this scale's recovery budgets F (default: prune.finetune_steps): a ladder in proportion to its own T
+    finetune_steps: Annotated[list[Annotated[int, Field(ge=0)]], NonEmpty, AfterValidator(_unique)] | None = None
+
+    _f = field_validator("finetune_steps", mode="before")(classmethod(lambda cls, v: _as_list(v)))
 
     @field_validator("steps", mode="before")
     @classmethod
@@ -135,6 +140,10 @@ class PruneSpec(PruneData):
     step: IterativeStep = DEFAULT_STEP  # iterative: fraction of the heads removed per round
     # the recovery budget F (a list: an axis, each value its own prune units and its own budget-matched controls)
     finetune_steps: Annotated[list[Annotated[int, Field(ge=0)]], NonEmpty, AfterValidator(_unique)] = [0]
+    # the methods whose prunes are recovered at every F (absent: all); the others are planned before fine-tune only
+    # (F = 0: enough for half (1) and the report's informed-beats-random check, at a fraction of the cost)
+    recover_methods: Annotated[list[Annotated[str, AfterValidator(check_method)]], NonEmpty,
+                               AfterValidator(_unique)] | None = None
     # what the recovery fine-tune minimises: the LM loss, or the KL divergence to the dense teacher (an axis too)
     recovery: Annotated[list[RecoveryKind], NonEmpty, AfterValidator(_unique)] = ["lm"]
     distill: DistillSpec = DistillSpec()  # temperature and LM-term weight of `distill` (lightning_modules/distill.py)
@@ -143,6 +152,9 @@ class PruneSpec(PruneData):
     finetune_lr: float | None = Field(default=None, gt=0)
     finetune_lr_grid: Annotated[list[Annotated[float, Field(gt=0)]], NonEmpty, AfterValidator(_unique)] = list(
         DEFAULT_FINETUNE_LR_GRID)
+    # while the val-chosen rate is the lowest or highest tried, up to this many more, one grid step past it (the
+    # report checks that the chosen rate sits strictly inside the rates tried). Scratch-B is charged the grid
+    finetune_lr_extend: int = Field(default=0, ge=0, le=8)
     # FLAP's bias compensation as the heads go (the removed heads' mean output into the bias); absent: each
     # method's own recipe (on for flap, off for the others)
     bias_compensation: bool | None = None
@@ -164,6 +176,23 @@ class LrSearch(Strict):
     steps: int = Field(gt=0)  # training steps of one search trial
     grace_period: int = Field(default=1, gt=0)  # validation reports before ASHA may stop a trial
     seed: Seed = 0
+    # how the first `trials` candidates are drawn: by TPE (its first ones are random start-up draws), or as a
+    # log-spaced grid over [low, high], both ends included (every architecture the same rates, the range covered)
+    start: Literal["tpe", "grid"] = "tpe"
+    # up to this many more candidates, one at a time, while the best rate tried is the lowest or the highest tried:
+    # one grid step (the log-range over trials - 1) past it, beyond the declared range if need be. The report's
+    # check asks that the best rate sit strictly inside the rates tried
+    extend: int = Field(default=0, ge=0, le=8)
+
+    def grid(self) -> list[float]:
+        """The log-spaced start: `trials` rates from low to high."""
+        r = (self.high / self.low) ** (1 / (self.trials - 1))
+        return [self.low * r ** i for i in range(self.trials - 1)] + [self.high]
+
+    @property
+    def step(self) -> float:
+        """The factor between neighbouring rates of the grid: how far an extension goes past an edge."""
+        return (self.high / self.low) ** (1 / (self.trials - 1))
 
     @model_validator(mode="after")
     def _bounds(self):
@@ -207,6 +236,9 @@ class TrustSpec(Strict):
     margin: float = Field(default=0.05, gt=0, lt=1)
     # converged: the dense loss may improve by at most this fraction per doubling of the training budget
     doubling_gain: float = Field(default=0.05, gt=0, lt=1)
+    # the half-budget dense runs the converged check compares with: the first seed's only (a point estimate), or
+    # every seed's (the check then passes only when the upper 95% bound of the gain is within doubling_gain)
+    half_budget: Literal["first", "every"] = "first"
 
 
 class PretrainedSpec(Strict):
@@ -214,6 +246,49 @@ class PretrainedSpec(Strict):
     batch_size: int = Field(default=8, gt=0)
     seq_len: int = Field(default=128, gt=1)
     eval_batches: int | None = Field(default=None, gt=0)  # None: every window of each eval set (capped)
+
+
+# The schema's fields when the spec hash's default rule was written (`Sweep.spec_hash`): any other field is hashed
+# only when it is not at its default.
+_FIRST_HASHED: dict[str, frozenset[str]] = {k: frozenset(v.split()) for k, v in {
+    "Sweep": "controls data family log_models lr name pretrained probes prune resources retries scales seeds storage "
+             "tracking_uri trust",
+    "DataConfig": "bpe_vocab_size calibration_fraction eval_fraction shift source text_column tokenizer val_fraction",
+    "ScaleSpec": "heads overrides resources steps",
+    "TrainOverrides": "batch_size eval_batches grad_clip min_lr_ratio mlm_probability precision schedule seq_len "
+                      "val_batches val_every warmup_steps weight_decay",
+    "ScaleResources": "cpu gpu workers",
+    "PruneSpec": "at bias_compensation calibration_batches curve curve_batches distill finetune_lr finetune_lr_grid "
+                 "finetune_steps methods ratios recovery schedule scope step tolerance",
+    "DistillSpec": "lm_weight temperature",
+    "LrSpec": "search value",
+    "LrSearch": "grace_period high low seed steps trials",
+    "ProbeSpec": "batches every method redundancy",
+    "TrustSpec": "doubling_gain margin",
+    "Resources": "cpu gpu gpu_memory_gb workers",
+    "PretrainedSpec": "batch_size checkpoint eval_batches seq_len"}.items()}
+
+
+def _hashed_dump(m: BaseModel) -> dict:
+    """`m.model_dump(mode="json")`, less the fields added since `_FIRST_HASHED` that hold their default."""
+    first = _FIRST_HASHED.get(type(m).__name__)
+    out = {}
+    for name, f in type(m).model_fields.items():
+        v = getattr(m, name)
+        if first is not None and name not in first and v == f.get_default(call_default_factory=True):
+            continue
+        out[name] = _hashed_value(v)
+    return out
+
+
+def _hashed_value(v):
+    if isinstance(v, BaseModel):
+        return _hashed_dump(v)
+    if isinstance(v, dict):
+        return {k: _hashed_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_hashed_value(x) for x in v]
+    return to_jsonable_python(v)
 
 
 class Sweep(Strict):
@@ -225,6 +300,10 @@ class Sweep(Strict):
     seeds: Annotated[list[Seed], NonEmpty, AfterValidator(_unique)] = [0]
     prune: PruneSpec
     controls: Annotated[list[Annotated[str, AfterValidator(check_control)]], AfterValidator(_unique)] = []
+    # the from-scratch learning curve of each pruned shape: fractions of the dense budget T at which it is also
+    # trained from scratch (arm scratch_curve), for the parent-free accounting — the from-scratch steps a pruned
+    # start saves (the report's savings)
+    scratch_curve: Annotated[list[Annotated[float, Field(gt=0, le=4)]], AfterValidator(_unique)] = []
     lr: LrSpec | None = None
     probes: ProbeSpec | None = None
     trust: TrustSpec = TrustSpec()
@@ -253,9 +332,11 @@ class Sweep(Strict):
     # ---- derived
     def spec_hash(self) -> str:
         """Hash of the resolved spec, without where it runs and what it records (storage, tracking, resources,
-        retries, model logging)."""
-        science = self.model_dump(mode="json", exclude={"storage", "tracking_uri", "resources", "retries",
-                                                        "log_models"})
+        retries, model logging). A field added to the schema after `_FIRST_HASHED` was written enters the hash only
+        when a sweep sets it away from its default: every sweep from before keeps its hash (and `--resume` its
+        parent run) with no list to edit. The rules below that rule keep the hashes of fields added before it."""
+        science = {k: v for k, v in _hashed_dump(self).items()
+                   if k not in {"storage", "tracking_uri", "resources", "retries", "log_models"}}
         for sc in (science.get("scales") or {}).values():
             del sc["resources"]  # a scale's resources too (and sweeps from before they existed keep their hash)
         prune = science["prune"]
@@ -280,6 +361,16 @@ class Sweep(Strict):
         if own is None:
             return self.resources
         return Resources(**{**self.resources.model_dump(), **own.model_dump(exclude_none=True)})
+
+    def finetune_steps(self, scale: str | None = None) -> list[int]:
+        """The recovery budgets F of the prunes at `scale` (its own list, else `prune.finetune_steps`)."""
+        own = (self.scales or {}).get(scale) if scale else None
+        return own.finetune_steps if own is not None and own.finetune_steps is not None else self.prune.finetune_steps
+
+    def every_finetune_steps(self) -> list[int]:
+        """Every recovery budget any scale's prunes run."""
+        lists = [self.finetune_steps(s) for s in (self.scales or {})] or [self.prune.finetune_steps]
+        return sorted({f for fs in lists for f in fs})
 
     def dense_heads(self, scale: str) -> int:
         s = (self.scales or {})[scale]

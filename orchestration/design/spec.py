@@ -213,19 +213,22 @@ def check_sweep(s: Sweep) -> None:
                                      f"maximum {info.max_positions}")
     elif not s.scales:
         raise HeadroomInputError("scales: required (or name a pretrained checkpoint)")
-    if "distill" in s.prune.recovery and not any(s.prune.finetune_steps):
+    if "distill" in s.prune.recovery and not any(s.every_finetune_steps()):
         raise HeadroomInputError("prune.recovery: distill fine-tunes towards the dense teacher; give a recovery "
                                  "budget (prune.finetune_steps > 0)")
     if "distill" in s.prune.recovery and any(a < 1 for a in s.prune.at):
         raise HeadroomInputError("prune.at: a prune at p < 1 recovering by distill would learn from the dense model "
                                  "at T while its compute counts only p·T of the dense training; use recovery lm "
                                  "with prune.at < 1, or distill with prune.at [1.0]")
+    for i, m in enumerate(s.prune.recover_methods or []):
+        if m not in s.prune.methods:
+            raise HeadroomInputError(f"prune.recover_methods[{i}]: {m} is not one of prune.methods")
     for name in s.controls:
         arm = ARMS[name]
         if arm.per_recovery and not set(arm.recoveries) & set(s.prune.recovery):
             raise HeadroomInputError(f"controls: {name} is matched to a recovery by "
                                      f"{' or '.join(arm.recoveries)}; add it to prune.recovery")
-        if arm.teacher and not any(s.prune.finetune_steps):
+        if arm.teacher and not any(s.every_finetune_steps()):
             raise HeadroomInputError(f"controls: {name} matches a distilled recovery; give prune.finetune_steps > 0")
     for name, sc in (s.scales or {}).items():
         h = s.dense_heads(name)
@@ -235,7 +238,9 @@ def check_sweep(s: Sweep) -> None:
                 train = train_config_for(name, steps=steps, **sc.overrides.model_dump(exclude_none=True))
                 check_compatible(model, train)
             # the recovery fine-tune and a search trial train at this scale's batch too
-            check_tokens("prune.finetune_steps", max(s.prune.finetune_steps), train.batch_size, train.seq_len)
+            own = sc.finetune_steps is not None
+            check_tokens(f"scales.{name}.finetune_steps" if own else "prune.finetune_steps",
+                         max(s.finetune_steps(name)), train.batch_size, train.seq_len)
             if s.lr is not None and s.lr.search is not None:
                 check_tokens("lr.search.steps", s.lr.search.steps, train.batch_size, train.seq_len)
         except HeadroomInputError as e:

@@ -127,7 +127,9 @@ class PruneRun(Recovery, PruneData):
 # settings as "plan" (PrunePlan's fields), the calibration data's fields at the top (PruneRun's defaults on units
 # that do not prune). The one compatibility rule: it keeps every shipped sweep's keys, and a field added anywhere
 # later (on the unit, a config or the prune settings) enters the key as soon as a sweep sets it, with no list to edit.
-_NOT_HASHED = frozenset(a.name for a in AXES if a.key == "derived")
+# how a unit is computed, not what it computes, is never hashed either: a cooldown branch of a longer run's trunk
+# (orchestration/design/trunks.py) is the run of its own budget, and a trunk the run of its own
+_NOT_HASHED = frozenset(a.name for a in AXES if a.key == "derived") | {"trunk_key", "branch_step", "branch_points"}
 _FIRST_KEYED: dict[object, frozenset] = {k: frozenset(v.split()) for k, v in {
     "Unit": "stage arm scale family seed model train data corpus_hash heads method ratio scope schedule plan "
             "dense_key calibration_batches curve curve_batches lr_source",
@@ -201,6 +203,11 @@ class Unit:
     finetune_steps: int | None = None
     recovery: str = "lm"  # the recovery objective of a prune unit, or of the pruned arm a control is matched to
     distill: DistillSpec | None = None  # how a distilled unit learns from its teacher (recovery distill, scratch_kd)
+    # a wsd train unit that starts from another's checkpoint (orchestration/design/trunks.py): the trunk's key and
+    # the step of its checkpoint this unit's cooldown starts from; a trunk keeps a checkpoint at each branch point
+    trunk_key: str | None = None
+    branch_step: int = 0
+    branch_points: tuple[int, ...] = ()
     key: str = ""
 
     @property

@@ -136,7 +136,8 @@ def flatten_prune(m: dict, eval_sets: list[str], recovery_steps: int, scoring_fl
         flat[loss(RANDOM, split)] = v["loss"]
         for k, x in enumerate(v["draws"]):
             flat[random_draw(split, k)] = x
-    # the recovery steps the pruned arm trained, every candidate rate's (what Scratch-B's budget counts)
+    # the recovery steps the pruned arm trained, every candidate rate's (what Scratch-B's budget counts; more
+    # when the rate was extended past the grid's edge)
     flat[cost("recovery_steps")] = recovery_steps
     if scoring_flops is not None:  # the FLOPs its method spent scoring the heads (Scratch-B's budget counts them)
         flat[cost("scoring_flops")] = scoring_flops

@@ -2,6 +2,8 @@
 
     lr_search (optional)  per (scale, family): OptunaSearch + ASHA; the best rate feeds every training run
     train                 dense runs and the controls known before pruning (per_layer Scratch-E, Scratch-B, wide)
+    branches              under a wsd schedule, the shorter budgets of each architecture: cooldowns started from
+                          the longest run's checkpoints (orchestration/design/trunks.py)
     prune                 one trial per (dense checkpoint × method × ratio × scope × schedule); never retrains
     controls              Scratch-E/B of `global` prunes, copying the pruned per-layer head counts
     summary               a table of mean losses (the verdict report is orchestration/report/)
@@ -141,9 +143,52 @@ class Sweeper:
 
     # ------------------------------------------------------------------------------------------- stages
     def lr_search(self, bases: list[Unit]) -> dict:
-        """Per (scale, family, architecture trained from scratch): the best learning rate found by Optuna (TPE)
-        with ASHA stopping poor trials early, every architecture with the same trials and steps. The studies live
-        in an Optuna storage under the storage path, so a restarted sweep continues them."""
+        """Per (scale, family, architecture trained from scratch): the best learning rate found by Optuna (TPE, or
+        a log grid first) with ASHA stopping poor trials early, every architecture with the same trials and steps;
+        then, while the best rate tried is at an edge of the rates tried, one more past that edge (`extend`). The
+        studies live in an Optuna storage under the storage path, so a restarted sweep continues them."""
+        import optuna
+
+        s = self.sweep.lr.search
+        storage = optuna.storages.RDBStorage(f"sqlite:///{self._optuna_db()}")
+        best = {}
+        for base in bases:
+            scale, family, arch = base.scale, base.family, arch_key(base.model)
+            study_name = f"{self.base}-{scale}-{family}-{arch}"
+            study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
+                                        load_if_exists=True)
+            if s.start == "grid":  # the grid's rates not tried or queued yet (a stale RUNNING one is lost: again)
+                held = {round(t.params["lr"], 12) for t in study.trials if "lr" in t.params and t.state in (
+                    optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.WAITING)}
+                for lr in s.grid():
+                    if round(lr, 12) not in held:
+                        study.enqueue_trial({"lr": lr})
+            remaining = s.trials - len(_complete(study))
+            if remaining > 0:
+                self._search_trials(base, study_name, storage, remaining, s.low, s.high, asha=True,
+                                    seed=s.seed + len(_complete(study)))
+                study = optuna.load_study(study_name=study_name, storage=storage)
+            for _ in range(s.extend - max(0, len(_complete(study)) - s.trials)):
+                tried = sorted(t.params["lr"] for t in _complete(study))
+                edge = study.best_trial.params["lr"]
+                if tried[0] < edge < tried[-1]:
+                    break
+                nxt = edge * s.step if edge == tried[-1] else edge / s.step
+                self.say(f"lr_search {scale} {family} {arch}: best rate {edge:.3g} at the edge of those tried; "
+                         f"trying {nxt:.3g}")
+                study.enqueue_trial({"lr": nxt})
+                self._search_trials(base, study_name, storage, 1, min(tried[0], nxt), max(tried[-1], nxt),
+                                    asha=False, seed=s.seed + len(tried))
+                study = optuna.load_study(study_name=study_name, storage=storage)
+            best[(scale, family, arch)] = float(study.best_trial.params["lr"])
+            self.say(f"lr_search {scale} {family} {arch}: best lr {best[(scale, family, arch)]:.3g} "
+                     f"(val loss {study.best_value:.4f}, {len(study.trials)} trials)")
+        self.tracker.log_parent_params({f"best_lr/{sc}/{fa}/{ar}": f"{v:.6g}" for (sc, fa, ar), v in best.items()})
+        return best
+
+    def _search_trials(self, base: Unit, study_name: str, storage, n: int, low: float, high: float, asha: bool,
+                       seed: int) -> None:
+        """`n` candidates of one architecture's study over loguniform(low, high): its queued rates first."""
         import optuna
         from ray import tune
         from ray.tune.schedulers import ASHAScheduler
@@ -151,34 +196,19 @@ class Sweeper:
 
         from .trainables import train_trial
 
-        s = self.sweep.lr.search
-        db = self._optuna_db()
-        storage = optuna.storages.RDBStorage(f"sqlite:///{db}")
-        best = {}
-        for base in bases:
-            scale, family, arch = base.scale, base.family, arch_key(base.model)
-            study_name = f"{self.base}-{scale}-{family}-{arch}"
-            study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
-                                        load_if_exists=True)
-            complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-            remaining = s.trials - len(complete)
-            if remaining > 0:
-                t = base.train
-                reports = math.ceil(t.steps / t.val_every) + 1
-                searcher = OptunaSearch(metric=M.VAL_LOSS, mode="min", study_name=study_name, storage=storage,
-                                        sampler=optuna.samplers.TPESampler(seed=s.seed + len(complete)))
-                sched = ASHAScheduler(time_attr="training_iteration", metric=M.VAL_LOSS, mode="min",
-                                      max_t=reports, grace_period=s.grace_period, reduction_factor=2)
-                tc = tune.TuneConfig(search_alg=searcher, scheduler=sched, num_samples=remaining)
-                self._tune(f"lr-{scale}-{family}-{arch}", train_trial, {"lr": tune.loguniform(s.low, s.high)},
-                           lambda tr, b=base: lr_candidate(b, tr.config["lr"]), remaining, {scale},
-                           lambda config, sc=scale: sc, tc, base=base.to_dict())
-                study = optuna.load_study(study_name=study_name, storage=storage)
-            best[(scale, family, arch)] = float(study.best_trial.params["lr"])
-            self.say(f"lr_search {scale} {family} {arch}: best lr {best[(scale, family, arch)]:.3g} "
-                     f"(val loss {study.best_value:.4f}, {len(study.trials)} trials)")
-        self.tracker.log_parent_params({f"best_lr/{sc}/{fa}/{ar}": f"{v:.6g}" for (sc, fa, ar), v in best.items()})
-        return best
+        s, t = self.sweep.lr.search, base.train
+        searcher = OptunaSearch(metric=M.VAL_LOSS, mode="min", study_name=study_name, storage=storage,
+                                sampler=optuna.samplers.TPESampler(seed=seed))
+        sched = None
+        if asha:
+            sched = ASHAScheduler(time_attr="training_iteration", metric=M.VAL_LOSS, mode="min",
+                                  max_t=math.ceil(t.steps / t.val_every) + 1, grace_period=s.grace_period,
+                                  reduction_factor=2)
+        tc = tune.TuneConfig(search_alg=searcher, scheduler=sched, num_samples=n)
+        arch = arch_key(base.model)
+        self._tune(f"lr-{base.scale}-{base.family}-{arch}", train_trial, {"lr": tune.loguniform(low, high)},
+                   lambda tr, b=base: lr_candidate(b, tr.config["lr"]), n, {base.scale},
+                   lambda config, sc=base.scale: sc, tc, base=base.to_dict())
 
     def _optuna_db(self) -> Path:
         if self.where.local_storage is not None:
@@ -313,16 +343,28 @@ class Sweeper:
             return None
         return [int(x) for x in kept.split(",")]
 
+    def _finished_uri(self, key: str) -> str | None:
+        """The final checkpoint of the unit with `key`, when it finished (else None)."""
+        self.tracker.refresh(key)
+        return self.tracker.tag(key, "headroom.checkpoint") if self.tracker.is_finished(key) else None
+
     def _dense_uri(self, u: Unit) -> str | None:
-        self.tracker.refresh(u.dense_key)
-        return self.tracker.tag(u.dense_key, "headroom.checkpoint") if self.tracker.is_finished(u.dense_key) else None
+        return self._finished_uri(u.dense_key)
 
     def _run_scales(self, corpus_hash: str) -> None:
         plan = self.plan
         if plan.lr_search:  # every architecture trained from scratch gets its own rate, then the plan takes them
             plan = self.plan = plan.with_rates(self.lr_search(plan.lr_search))
         self.tracker.log_plan(plan.to_json())
-        self.train("train", plan.trained)
+        self.train("train", [u for u in plan.trained if u.trunk_key is None])
+        branches = []  # wsd cooldown branches (orchestration/design/trunks.py): once their trunks have finished
+        for u in plan.trained:
+            if u.trunk_key is not None:
+                if self._finished_uri(u.trunk_key) is None:
+                    self.missing.append(f"{u.name}: the run it branches from did not finish")
+                else:
+                    branches.append(u)
+        self.train("branches", branches, lambda u: {"trunk": self._finished_uri(u.trunk_key)})
         self.tracker.link_dense(plan.dense_links())
         pruned = self.prune(plan.pruned, self._dense_uri)
         self.tracker.link_dense({u.key: u.dense_key for u in pruned})
@@ -368,6 +410,12 @@ class Sweeper:
 
             register_primary(rep, self.where.tracking_uri, self.say)
         return True
+
+
+def _complete(study) -> list:
+    import optuna
+
+    return [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
 
 
 def _scale_of(config: dict) -> str:

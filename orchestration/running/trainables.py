@@ -25,6 +25,7 @@ from ray import tune
 from lightning_modules.checkpoints import METRICS_FILE
 from lightning_modules.config import HeadroomInputError, jsonable
 from orchestration.design.plan import lr_candidate, snapshot_step, unit_scoring_flops
+from orchestration.design.trunks import trunk_steps
 from orchestration.design.unit import (
     DONE,
     EVAL_PARAMS,
@@ -85,7 +86,8 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
         from .ddp import fit
 
         quiet_frameworks()
-        fit(_ddp_worker, {"unit": unit.to_dict(), "fault": fault, "dense": cfg.get("dense")},
+        fit(_ddp_worker, {"unit": unit.to_dict(), "fault": fault, "dense": cfg.get("dense"),
+                          "trunk": cfg.get("trunk")},
             workers=d["workers"], cpu=d["cpu"],
             gpu=d["gpu"], storage=d["storage"], name=f"{d['prefix']}-ddp-{unit.key}", retries=d["retries"],
             resume_from=cfg.get("resume_from"))
@@ -93,7 +95,7 @@ def train_trial(config: dict, base: dict | None = None, fault: dict | None = Non
     from .ddp import Session
 
     _setup()
-    _train_unit(unit, cfg.get("resume_from"), fault, Session(train=False), cfg.get("dense"))
+    _train_unit(unit, cfg.get("resume_from"), fault, Session(train=False), cfg.get("dense"), cfg.get("trunk"))
 
 
 def _ddp_worker(config: dict) -> None:
@@ -101,7 +103,8 @@ def _ddp_worker(config: dict) -> None:
     from .ddp import Session
 
     _setup()
-    _train_unit(Unit.from_dict(config["unit"]), None, config["fault"], Session(train=True), config.get("dense"))
+    _train_unit(Unit.from_dict(config["unit"]), None, config["fault"], Session(train=True), config.get("dense"),
+                config.get("trunk"))
 
 
 def _teacher_loss(unit: Unit, dense_uri: str | None, work: Path):
@@ -118,11 +121,12 @@ def _teacher_loss(unit: Unit, dense_uri: str | None, work: Path):
     return LogitDistillation(load_model(model_dir), unit.distill)
 
 
-def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session, dense_uri: str | None = None
-                ) -> None:
+def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session, dense_uri: str | None = None,
+                trunk_uri: str | None = None) -> None:
     """A train unit's work in one process (a trial, or one rank of a data-parallel run): resume, train with a
     report and checkpoint at every validation, evaluate (rank 0) and report the final checkpoint. A distilled
-    control (scratch_kd) learns from its dense run's model at `dense_uri`."""
+    control (scratch_kd) learns from its dense run's model at `dense_uri`; a cooldown branch
+    (orchestration/design/trunks.py) starts from its trunk's checkpoint at `trunk_uri` (its step `branch_step`)."""
     from lightning_modules.models import save_model
     from lightning_modules.train import Snapshots, train_lm
 
@@ -144,16 +148,18 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
                             HISTORY: "[]", DONE: 1}, str(work / "resume"))
             return
         ckpt_path = str(work / "resume" / LIGHTNING_FILE)
+    elif unit.trunk_key is not None:  # a cooldown branch's first attempt: from its trunk's stable phase
+        ckpt_path = str(_branch_start(unit, trunk_uri, work))
     is_search = unit.stage == "lr_search"
     history = StepHistory(fault if unit.stage == "train" and unit.arm == "dense" else None)
-    snaps = work / SNAPSHOTS_DIR
-    if unit.snapshots and (work / "resume" / SNAPSHOTS_DIR).is_dir():  # the ones written before a restart
+    snaps, kept = work / SNAPSHOTS_DIR, trunk_steps(unit)
+    if kept and (work / "resume" / SNAPSHOTS_DIR).is_dir():  # the ones written before a restart
         shutil.copytree(work / "resume" / SNAPSHOTS_DIR, snaps)
     report = ReportAtValidation(history, session.report, save_checkpoints=not is_search,
-                                keep=snaps if unit.snapshots else None)
+                                keep=snaps if kept else None)
     callbacks = [history, report]
-    if unit.snapshots:
-        callbacks.append(Snapshots(unit.snapshots, snaps))
+    if kept:
+        callbacks.append(Snapshots(kept, snaps))
     if unit.probes:  # probe rows ride in the step history: logged once per step, like train/loss
         from lightning_modules.probes import ProbeCallback
 
@@ -191,13 +197,32 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
     save_model(result.lm.model, out / "model", result.data.tokenizer)
     (out / METRICS_FILE).write_text(json.dumps(jsonable(m), indent=2) + "\n")
     (out / WINDOWS_FILE).write_text(json.dumps({"final": result.windows}) + "\n")
-    if unit.snapshots:
-        missing = [s for s in unit.snapshots if not Snapshots.path(snaps, s).is_file()]
+    if kept:
+        missing = [s for s in kept if not Snapshots.path(snaps, s).is_file()]
         if missing:
             raise RuntimeError(f"{unit.name}: no checkpoint kept at step(s) {missing}")
         shutil.copytree(snaps, out / SNAPSHOTS_DIR)
     final[WORK] = time.time() - t0
     session.report(final, str(out))
+
+
+def _recovery_steps(plan, m: dict) -> int:
+    """The steps a prune trained at pruned size in recovery: F for every rate it tried (the grid, and any rate
+    tried past an edge of it: more than Scratch-B was charged, which counts the grid)."""
+    return plan.finetune_steps * max(len(m["finetune"]["grid"]), len(plan.finetune_lrs)) if plan.finetune_steps \
+        else 0
+
+
+def _branch_start(unit: Unit, trunk_uri: str | None, work: Path) -> Path:
+    """The Lightning checkpoint a cooldown branch starts from: its trunk's, kept at the branch's step."""
+    if not trunk_uri:
+        raise RuntimeError(f"{unit.name}: a cooldown branch, but its trunk's checkpoint was not given")
+    local = Path(trunk_uri) if os.path.isdir(trunk_uri) else Path(tune.Checkpoint(trunk_uri).to_directory(
+        str(work / "trunk")))
+    path = local / SNAPSHOTS_DIR / f"step{unit.branch_step}.ckpt"
+    if not path.is_file():
+        raise RuntimeError(f"{unit.name}: its trunk kept no checkpoint at step {unit.branch_step}")
+    return path
 
 
 def _dense_checkpoint(uri: str, work: Path):
@@ -258,7 +283,7 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
                 f"{unit.scale} {unit.family} seed {unit.seed}: ")
     flat = {"step": plan.finetune_steps, HISTORY: "[]", DONE: 1, KEPT: json.dumps(m["heads_kept"]), WORK: m["seconds"],
             **{k: m[k] for k in EVAL_PARAMS}, **_run_params(unit), **metric_names.timing(m["timing"]),
-            **metric_names.flatten_prune(m, data.eval_sets, plan.recovery_steps,
+            **metric_names.flatten_prune(m, data.eval_sets, _recovery_steps(plan, m),
                                          unit_scoring_flops(unit, sum(m["heads_dense"]),
                                                             m["flops_per_token"]["dense"]["total"]))}
     tune.report(flat, checkpoint=tune.Checkpoint.from_directory(str(out)))
