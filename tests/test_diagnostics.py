@@ -31,6 +31,7 @@ def cells(*scales: str) -> list[Cell]:
     """The report's order of cells: these scales, each at its one budget."""
     return [Cell(s, None) for s in scales]
 CHECKS = ("dense_vs_scratch_e", "larger_scale_not_worse", "informative_beats_random", "converged", "finite")
+SEARCHLESS = {"lr_search_brackets": NOT_APPLICABLE, "recovery_rate_brackets": NOT_APPLICABLE}  # no search, no grid
 
 
 def _run(arm, scale, seed, metrics, params=None, **tags):
@@ -53,7 +54,7 @@ def sweep(dense_off=0.0, s_off=-0.2, random_gain=0.15, half_gain=0.02, seeds=SEE
             jitter = (0.01, -0.012, 0.004, 0.0)[i]
             dense = 2.0 + off + jitter + (dense_off if scale == "s" else 0)
             runs.append(_run("dense", scale, seed, {"final/id/loss": dense}, {"steps": "100"}))
-            if half and i == 0:
+            if half:
                 runs.append(_run("dense_half", scale, seed, {"final/id/loss": dense * (1 + half_gain)},
                                  {"steps": "50"}))
             if scratch_e:
@@ -74,9 +75,9 @@ def states(rep, scale="s"):
 
 def test_a_trained_sweep_passes_every_check():
     rep = build(sweep())
-    assert states(rep, "s") == dict.fromkeys(CHECKS, PASSED)
+    assert states(rep, "s") == {**dict.fromkeys(CHECKS, PASSED), **SEARCHLESS}
     assert states(rep, "xs")["larger_scale_not_worse"] == NOT_APPLICABLE  # no smaller scale to compare with
-    assert all(v == PASSED for k, v in states(rep, "xs").items() if k != "larger_scale_not_worse")
+    assert all(v == PASSED for k, v in states(rep, "xs").items() if k != "larger_scale_not_worse" and k not in SEARCHLESS)
     for scale in ("xs", "s"):
         head = rep.headline(scale, "decoder")
         assert not head.startswith(("untrustworthy", "unverified")) and head.startswith("half (1)")
@@ -90,13 +91,13 @@ def test_a_trained_sweep_passes_every_check():
     ({"dense_off": 0.3, "s_off": -0.6}, "dense_vs_scratch_e", "within the margin of Scratch-E"),
     ({"s_off": 0.3}, "larger_scale_not_worse", "within the margin of a smaller scale"),
     ({"random_gain": 0.0}, "informative_beats_random", "not clearly better than random"),
-    ({"half_gain": 0.08}, "converged", "still improves fast"),
+    ({"half_gain": 0.08}, "converged", "stopped improving"),
 ])
 def test_each_kind_of_junk_makes_the_scale_untrustworthy(junk, check, reason):
     rep = build(sweep(**junk))
     got = states(rep, "s")
     assert got[check] == FAILED
-    assert all(v == PASSED for k, v in got.items() if k != check)  # only the planted one fails
+    assert all(v == PASSED for k, v in got.items() if k != check and k not in SEARCHLESS)  # only the planted one
     head = rep.headline("s", "decoder")
     assert head.startswith("untrustworthy:") and reason in head
     assert "supported" not in head and "refuted" not in head
@@ -285,9 +286,9 @@ def test_converged_judges_real_undertrained_models_by_more_training(xs_decoder_m
     print(f"\nxs id loss {loss}; gain per doubling at 100 steps {g100:.1%}, at 300 {g300:.1%}")
     assert loss[50] > loss[100] > loss[150] > loss[300]
 
-    def state(t, half):
-        runs = [_run("dense", "xs", 0, {"final/id/loss": loss[t]}, {"steps": str(t)}),
-                _run("dense_half", "xs", 0, {"final/id/loss": loss[half]}, {"steps": str(half)})]
+    def state(t, half):  # the same loss for two seeds: the interval is the point (what the real runs measure)
+        runs = [_run(arm, "xs", seed, {"final/id/loss": loss[n]}, {"steps": str(n)})
+                for seed in (0, 1) for arm, n in (("dense", t), ("dense_half", half))]
         return converged(runs, Cell("xs", None), "decoder", cells("xs"), 0.05).state
 
     assert state(100, 50) == FAILED and state(300, 150) == FAILED
@@ -295,24 +296,31 @@ def test_converged_judges_real_undertrained_models_by_more_training(xs_decoder_m
 
 
 def test_converged_false_pass_rate_and_power():
-    """The half-budget check is a point estimate from one seed. Each loss with a relative seed SD of 1.5% (the
-    quickstart's xs dense runs: 1.967, 2.025, 2.013): a dense model truly gaining 8% per doubling passes the 5%
-    threshold at most 15% of the time (stated in docs/design.md), one gaining 2% passes at least 80%."""
+    """Every seed's half-budget run, 3 seeds, each seed's gain per doubling off its true value by N(0, 1%) (the
+    seed spread measured at xxs, issue 47): a dense model truly gaining 6% per doubling passes the 5% band at most
+    5% of the time, one gaining 1% passes at least 60% (rates in docs/design.md). One seed never passes: its check
+    could not run."""
     rng = random.Random(5)
 
     def pass_rate(gain):
         hits = 0
         for _ in range(SIMS):
-            full = 2.0 * (1 + rng.gauss(0, 0.015))
-            half = 2.0 / (1 - gain) * (1 + rng.gauss(0, 0.015))
-            runs = [_run("dense", "xs", 0, {"final/id/loss": full}, {"steps": "300"}),
-                    _run("dense_half", "xs", 0, {"final/id/loss": half}, {"steps": "150"})]
+            runs = []
+            for seed in range(3):
+                full = 2.0 * (1 + rng.gauss(0, 0.015))
+                g = gain + rng.gauss(0, 0.01)
+                runs += [_run("dense", "xs", seed, {"final/id/loss": full}, {"steps": "300"}),
+                         _run("dense_half", "xs", seed, {"final/id/loss": full / (1 - g)}, {"steps": "150"})]
             hits += converged(runs, Cell("xs", None), "decoder", cells("xs"), 0.05).state == PASSED
         return hits / SIMS
 
-    false_pass, power = pass_rate(0.08), pass_rate(0.02)
-    print(f"\nconverged: passes a true 8% gain {false_pass:.3f}, a true 2% gain {power:.3f}")
-    assert false_pass <= 0.15 and power >= 0.8
+    false_pass, power = pass_rate(0.06), pass_rate(0.01)
+    print(f"\nconverged: passes a true 6% gain {false_pass:.3f}, a true 1% gain {power:.3f}")
+    assert false_pass <= 0.05 and power >= 0.6
+    one = [_run("dense", "xs", 0, {"final/id/loss": 2.0}, {"steps": "300"}),
+           _run("dense_half", "xs", 0, {"final/id/loss": 2.01}, {"steps": "150"})]
+    d = converged(one, Cell("xs", None), "decoder", cells("xs"), 0.05)
+    assert d.state == COULD_NOT_RUN and "point estimate" in d.detail
 
 
 def test_a_comparison_that_could_not_run_never_hides_one_that_failed():
@@ -344,3 +352,43 @@ def test_the_rank_test_says_it_could_not_run_when_no_outcome_can_pass():
                 r.metrics[f"pre_ft_random/id/draw{k}"] = g + 3.0 + k
     d = informative_beats_random(data.runs, "s", "decoder", "gradient")
     assert d.state == COULD_NOT_RUN and "p = 0.167" in d.detail
+
+
+def _candidate(scale, arch_heads, lr, loss):
+    return Run(f"lr-{scale}-{arch_heads}-{lr}", "c", "FINISHED",
+               {"headroom.stage": "lr_search", "headroom.arm": "dense", "headroom.scale": scale,
+                "headroom.family": "decoder", "headroom.heads": str(arch_heads)},
+               {"val/loss": loss}, {"lr": str(lr), "head_dim": "8"})
+
+
+@pytest.mark.parametrize("losses, state", [((2.3, 2.1, 2.0, 2.2, 2.5), PASSED),  # best inside
+                                           ((2.5, 2.4, 2.3, 2.2, 2.1), FAILED),  # best the largest tried
+                                           ((2.0, 2.1, 2.2, 2.3, 2.4), FAILED)])  # best the smallest tried
+def test_a_search_whose_best_rate_is_at_the_edge_of_those_tried_fails(losses, state):
+    """Planted: five candidates of one architecture, the best at the middle, at the top, at the bottom of the rates
+    tried — the range the sweep declared does not enter (the rates tried sit well inside it)."""
+    from orchestration.report.diagnostics import search_brackets
+
+    rates = (2.6e-3, 3.2e-3, 3.9e-3, 4.5e-3, 5.2e-3)
+    searches = [_candidate("s", 8, lr, v) for lr, v in zip(rates, losses)]
+    d = search_brackets(searches, Cell("s", None), "decoder")
+    assert d.state == state, d.detail
+    assert search_brackets([], Cell("s", None), "decoder").state == NOT_APPLICABLE
+    assert search_brackets(None, Cell("s", None), "decoder").state == COULD_NOT_RUN
+
+
+@pytest.mark.parametrize("grid, state", [({"0.0001": 2.3, "0.0003": 2.1, "0.001": 2.2}, PASSED),
+                                         ({"0.0001": 2.3, "0.0003": 2.2, "0.001": 2.1}, FAILED)])
+def test_a_recovery_whose_chosen_rate_is_at_the_edge_of_its_grid_fails(grid, state):
+    from orchestration.report.diagnostics import recovery_brackets
+
+    data = sweep()
+    runs = [Run(r.run_id, r.name, r.status, r.tags,
+                {**r.metrics, **{f"finetune/val_loss/lr{k}": v for k, v in grid.items()}}, r.params)
+            if r.arm == "pruned" else r for r in data.runs]
+    d = recovery_brackets(runs, Cell("s", None), "decoder")
+    assert d.state == state, d.detail
+    rep = build(SweepRuns("memory", "t", "hash", "parent", None, runs, [], {}))
+    assert states(rep, "s")["recovery_rate_brackets"] == state
+    if state == FAILED:
+        assert rep.headline("s", "decoder").startswith("untrustworthy")

@@ -95,7 +95,7 @@ def _plant(store: Store, parent: str, scales=("xs", "s"), seeds_xs=SEEDS, seeds_
                                    {"final/id/loss": d, "final/shift/loss": d + 0.5, "final/val/loss": d,
                                     "params": 1e5 if scale == "xs" else 4e5, "cost/cpu_s": 36.0, "cost/gpu_s": 0.0},
                                    scale=scale, seed=i, params={"steps": 100})
-            if i == seeds[0]:  # the converged check's half-budget run: 1% worse at half the steps
+            if i in seeds:  # the converged check's half-budget run of every seed: 1% worse at half the steps
                 store.child(parent, f"{scale}-decoder-dense_half-s{i}", {"final/id/loss": d * 1.01}, arm="dense_half",
                             scale=scale, seed=i, params={"steps": 50})
             if scale == "xs":  # probe histories: heads more similar at init than after training
@@ -150,7 +150,7 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     v = json.loads((out / "verdict.json").read_text())
     assert set(v) == {"sweep", "spec_hash", "comparisons", "prunable", "prune_curves", "diagnostics", "headline",
                       "learning_rates", "evaluation", "timing", "trend", "primary_recovery", "recovery",
-                      "recovery_trend", "methods", "stability"}
+                      "recovery_trend", "methods", "stability", "break_even", "savings"}
     assert v["timing"] == []  # every prune here is of the trained model
     # one recovery (F = 10 on the LM loss): the primary one, and no recovery section
     assert v["primary_recovery"] == {"finetune_steps": 10, "recovery": "lm"} and v["recovery"] == []
@@ -158,7 +158,7 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     keys = {"scale", "family", "ratio", "heads_dense", "heads_kept", "method", "scope", "schedule", "finetune_steps",
             "control", "eval_set", "primary", "n_seeds", "dense_loss", "pruned_loss", "control_loss", "diff_mean",
             "ci95", "verdict", "p_value", "p_holm", "ci95_holm", "verdict_raw", "eval_tokens", "window_share",
-            "recovery", "stage"}
+            "recovery", "stage", "ci95_simultaneous"}
     assert all(set(c) == keys for c in v["comparisons"])
     expected = {"scratch_e": "supported", "scratch_b": "inconclusive", "wide": "refuted"}
     for arm, gap in GAP.items():
@@ -168,6 +168,9 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
         lo, hi = stats.t.interval(0.95, len(diffs) - 1, loc=statistics.fmean(diffs), scale=stats.sem(diffs))
         assert c["diff_mean"] == pytest.approx(statistics.fmean(diffs), abs=1e-12)
         assert c["ci95"] == pytest.approx([lo, hi], abs=1e-9)
+        # simultaneous over the scale's three primary comparisons: Bonferroni, 1 − 0.05/3, by scipy
+        lo3, hi3 = stats.t.interval(1 - 0.05 / 3, len(diffs) - 1, loc=statistics.fmean(diffs), scale=stats.sem(diffs))
+        assert c["ci95_simultaneous"] == pytest.approx([lo3, hi3], abs=1e-9)
         assert c["heads_dense"] == 8 and c["heads_kept"] == 4
         assert c["dense_loss"] == pytest.approx(statistics.fmean(DENSE))
         # before fine-tune: the same pairing with the masked model's loss, never primary
@@ -351,7 +354,7 @@ def test_best_method_is_chosen_on_val_and_a_failed_half_1_is_said(tmp_path):
     for s in (0, 1, 2):
         dense = 2.0 + 0.01 * s
         runs.append(_memory_run("dense", s, {"final/id/loss": dense}, params={"steps": "100"}))
-        if s == 0:
+        if s in (0, 1, 2):  # every seed's half-budget run (the converged check's interval)
             runs.append(_memory_run("dense_half", s, {"final/id/loss": dense * 1.01}, params={"steps": "50"}))
         for method, val, idl, pre in (("gradient", 2.10, 2.00, dense * 1.2), ("random", 2.05, 2.30, dense * 1.3)):
             runs.append(_memory_run("pruned", s, {"final/val/loss": val + 0.001 * s, "final/id/loss": idl,

@@ -216,8 +216,8 @@ def sweep_runs(gap, seeds=(0, 1, 2), shape=SHAPE) -> list[Run]:
     for scale, (params, budgets) in shape.items():
         for T, tpp in budgets.items():
             for s in seeds:
-                steps = tpp * params / (16 * 128)  # batch 16 × 128 tokens a step: tokens/param = tpp
-                p = {"steps": f"{steps:.6f}", "batch_size": "16", "seq_len": "128"}
+                # T steps of 128-token rows, the batch chosen so that tokens/param = tpp
+                p = {"steps": str(T), "batch_size": f"{tpp * params / (T * 128):.6f}", "seq_len": "128"}
                 runs.append(_run("pruned", scale, s, {"final/id/loss": 2.0, "params_dense_nonembedding": params}, p,
                                  method="gradient", schedule="one_shot", steps=T))
                 runs.append(_run("scratch_e", scale, s, {"final/id/loss": 2.0 + gap(scale, T, s)}, steps=T))

@@ -45,9 +45,11 @@ def _renders(rep, tmp_path):
     return doc.markdown(tmp_path)
 
 
-def _half(full: float, half: float, t=300):
-    return [_run("dense", "xs", 0, {"final/id/loss": full}, {"steps": str(t)}),
-            _run("dense_half", "xs", 0, {"final/id/loss": half}, {"steps": str(t // 2)})]
+def _half(full: float, half: float, t=300, spread=(0.0, 0.0)):
+    """Two seeds' dense and half-budget runs, the second seed's losses `spread` off the first's."""
+    return [r for seed, (df, dh) in enumerate([(0.0, 0.0), spread])
+            for r in (_run("dense", "xs", seed, {"final/id/loss": full + df}, {"steps": str(t)}),
+                      _run("dense_half", "xs", seed, {"final/id/loss": half + dh}, {"steps": str(t // 2)}))]
 
 
 @pytest.mark.parametrize("full,half,state", [(2.4, 2.0, FAILED), (2.06, 2.0, PASSED), (1.92, 2.0, PASSED),
@@ -140,21 +142,25 @@ def test_dense_within_the_margin_passes_whatever_the_rates():
 
 
 def test_converged_band_rarely_fails_a_converged_model():
-    """Planted null for the lower side of the band: a dense model truly gaining nothing more per doubling, each loss
-    with the quickstart's 1.5% relative seed SD (test_diagnostics), fails the two-sided check at most 2% of the
-    time (docs/design.md); one that gets 10% worse per doubling fails at least 95% of the time."""
+    """Planted null for the lower side of the band: 3 seeds of a dense model truly gaining nothing more per doubling,
+    each seed's gain off by N(0, 1%), fails the two-sided check at most 5% of the time (docs/design.md); one that
+    gets 10% worse per doubling fails at least 95% of the time."""
     rng = random.Random(11)
 
     def fail_rate(gain):
         hits = 0
         for _ in range(SIMS):
-            full, half = 2.0 * (1 + rng.gauss(0, 0.015)), 2.0 / (1 - gain) * (1 + rng.gauss(0, 0.015))
-            hits += converged(_half(full, half), Cell("xs", None), "decoder", cells("xs"), 0.05).state == FAILED
+            runs = []
+            for seed in range(3):
+                full, g = 2.0 * (1 + rng.gauss(0, 0.015)), gain + rng.gauss(0, 0.01)
+                runs += [_run("dense", "xs", seed, {"final/id/loss": full}, {"steps": "300"}),
+                         _run("dense_half", "xs", seed, {"final/id/loss": full * (1 - g)}, {"steps": "150"})]
+            hits += converged(runs, Cell("xs", None), "decoder", cells("xs"), 0.05).state == FAILED
         return hits / SIMS
 
     null, worse = fail_rate(0.0), fail_rate(-0.10)
     print(f"\nconverged band: fails a true 0% gain {null:.3f}, a 10% worsening {worse:.3f}")
-    assert null <= 0.02 and worse >= 0.95
+    assert null <= 0.05 and worse >= 0.95
 
 
 def test_a_dense_model_far_worse_than_scratch_e_stays_a_failed_gate():

@@ -213,9 +213,12 @@ def _holm_adjust(rows: list[Comparison]) -> None:
         if r.primary:
             fams[(r.scale, r.family)].append(r)
     for fam in fams.values():
+        m = sum(r.p_value is not None for r in fam)
         for r, h in zip(fam, holm([r.p_value for r in fam], ALPHA)):
             if h is None:
                 continue
+            sim = _interval_at(r, 1 - ALPHA / m)
+            r.ci95_simultaneous = list(sim) if sim else None
             r.p_holm = h.p_adjusted
             ci = _interval_at(r, h.level)
             r.ci95_holm = list(ci) if ci else None

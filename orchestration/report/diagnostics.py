@@ -21,8 +21,9 @@ models being trained enough.
   rate and the scale's `converged` check passed, a dense model outside the margin is an answer (state `finding`):
   the extra heads hurt, and the headline reports it as a refutation of over-provisioning when the interval lies
   above 0.
-- `larger_scale_not_worse`: a larger scale's dense model against every smaller scale of the same family and budget
-  (Welch's 95% interval of larger − smaller, unpaired): upper bound ≤ margin × the smaller's mean loss.
+- `larger_scale_not_worse`: a larger scale's dense model against every smaller scale of the same family trained for
+  the same steps (the steps the runs record, not the budget's label; Welch's 95% interval of larger − smaller,
+  unpaired): upper bound ≤ margin × the smaller's mean loss. No smaller scale at equal steps: not applicable.
 - `informative_beats_random`: before fine-tune, heads chosen by the primary method must beat heads chosen at random
   (on `id`, one-shot, per_layer). One-shot scores and the seeded random draws are shared across a seed's ratios,
   so the (seed, ratio) pairs are not independent: each seed contributes one ratio, the ratios rotating over the
@@ -32,8 +33,9 @@ models being trained enough.
 - `converged`: schedule-independent. The dense model at its budget T against the same model trained on its own full
   schedule to a smaller budget T' (the next smaller budget of a budget sweep, else the planned half-budget run of
   one seed, arm `dense_half`): the loss gained per doubling of the budget, (L(T') − L(T)) / L(T') / log2(T/T'), on
-  `id`, paired by seed, must be at most `trust.doubling_gain` (default 5%). With the half-budget run it is a point
-  estimate from one seed (its false-pass rate and power are in docs/design.md). A fit to the end of one run's loss
+  `id`, paired by seed: the 95% t-interval of the per-seed gains must lie within ± `trust.doubling_gain` (default
+  5%). One seed's half-budget run (the default `trust.half_budget: first`) gives a point estimate, never a pass:
+  the check could not run (`trust.half_budget: every` plans one per seed). Rates: docs/design.md. A fit to the end of one run's loss
   curve cannot do this: a cosine schedule flattens every curve's end, however undertrained. The check is two-sided:
   a loss that gets worse by more than the threshold per doubling (overfitting, a diverged run) fails too.
 - `finite`: every loss the report reads at the cell (final, before fine-tune, the dense reference) is a finite
@@ -136,6 +138,61 @@ def searched_rates(runs, scale: Cell, family: str, search: tuple[float, float] |
         return False
 
 
+def _bracketed(rates: dict[float, float]) -> tuple[bool, float]:
+    """(whether the rate of the lowest loss lies strictly inside the rates tried, that rate); rates: {rate: loss}."""
+    best = min(rates, key=lambda lr: (rates[lr], lr))
+    return min(rates) < best < max(rates), best
+
+
+def search_brackets(searches, scale: Cell, family: str) -> Diagnostic:
+    """`lr_search_brackets`: every architecture's searched rate lies strictly inside the rates its search tried
+    (not the range it declared: a search of five draws inside 2.6e-3 … 5.2e-3 of a declared 1e-3 … 1e-2 tried
+    neither end). A best rate at the lowest or highest tried is not an optimum found."""
+    name = "lr_search_brackets"
+    if searches is None:
+        return Diagnostic(scale, family, name, COULD_NOT_RUN, "the learning-rate candidates were not read")
+    by = defaultdict(dict)
+    for r in searches:
+        if (r.scale.scale, r.family) == (scale.scale, family) and M.VAL_LOSS in r.metrics and "lr" in r.params:
+            by[f"{r.tag('heads')}x{r.params.get('head_dim', '?')}"][float(r.params["lr"])] = r.metrics[M.VAL_LOSS]
+    if not by:
+        return Diagnostic(scale, family, name, NOT_APPLICABLE, "no learning-rate search at this scale")
+    parts, edge = [], []
+    for arch, rates in sorted(by.items()):
+        if len(rates) < 3:
+            edge.append(arch)
+            parts.append(f"{arch}: {len(rates)} rate(s) tried, a bracket needs 3")
+            continue
+        ok, best = _bracketed(rates)
+        parts.append(f"{arch}: best {best:.3g} of {len(rates)} tried ({min(rates):.3g} … {max(rates):.3g})"
+                     + ("" if ok else " — at the edge"))
+        if not ok:
+            edge.append(arch)
+    detail = "; ".join(parts) + (f" — not bracketed: {', '.join(edge)}" if edge else "")
+    return Diagnostic(scale, family, name, FAILED if edge else PASSED, detail)
+
+
+def recovery_brackets(runs, scale: Cell, family: str) -> Diagnostic:
+    """`recovery_rate_brackets`: every recovered prune whose rate was chosen on val chose one strictly inside the
+    rates it tried (the grid and any tried past its edge)."""
+    name = "recovery_rate_brackets"
+    prefix = M.finetune_val_loss("")
+    chosen = []
+    for r in runs:
+        if (r.arm, r.scale, r.family) == ("pruned", scale, family) and (r.finetune_steps or 0) > 0:
+            rates = {float(k[len(prefix):]): v for k, v in r.metrics.items() if k.startswith(prefix)}
+            if len(rates) >= 2:
+                chosen.append((r, rates))
+    if not chosen:
+        return Diagnostic(scale, family, name, NOT_APPLICABLE, "no recovery rate chosen from a grid at this scale")
+    edge = [(r, rates) for r, rates in chosen if len(rates) < 3 or not _bracketed(rates)[0]]
+    detail = f"{len(chosen) - len(edge)} of {len(chosen)} recovered prunes chose a rate strictly inside those tried"
+    if edge:
+        names = ", ".join(sorted(r.name for r, _ in edge)[:4]) + (" …" if len(edge) > 4 else "")
+        detail += f" — at the edge: {names}"
+    return Diagnostic(scale, family, name, FAILED if edge else PASSED, detail)
+
+
 def dense_vs_scratch_e(runs, scale: Cell, family: str, margin: float, gate: bool = True) -> Diagnostic:
     """`gate` False (every architecture at its own searched rate, the dense model converged): a dense model outside
     the margin is a finding, not a failed check."""
@@ -188,10 +245,19 @@ def larger_scale_not_worse(runs, scale: Cell, family: str, order: list[Cell], ma
     def losses(cell):
         return [r.metrics[_key()] for r in _dense(runs, cell, family).values()]
 
-    smaller = [s for s in order[:order.index(scale)] if s.budget == scale.budget and s.scale != scale.scale] \
-        if scale in order else []
+    def steps(cell):  # what the dense runs trained, not the budget's label (a cell with one budget has none)
+        return {_steps(r) for r in _dense(runs, cell, family).values()} - {None}
+
+    mine_steps = steps(scale)
+    below = [s for s in order[:order.index(scale)] if s.scale != scale.scale] if scale in order else []
+    # runs that record no steps (older stores): matched on the budget's label, as before
+    smaller = [s for s in below if steps(s) == mine_steps and (mine_steps or s.budget == scale.budget)]
     if not smaller:
-        return Diagnostic(scale, family, name, NOT_APPLICABLE, "no smaller scale at this budget in the sweep")
+        other = sorted({n for s in below for n in steps(s)})
+        return Diagnostic(scale, family, name, NOT_APPLICABLE,
+                          "no smaller scale trained for the same steps in the sweep"
+                          + (f" (this scale {', '.join(map(str, sorted(mine_steps)))}; smaller ones "
+                             f"{', '.join(map(str, other))})" if other else ""))
     bad_runs = [x for c in [scale, *smaller] for x in _nonfinite(f"{c} dense", _dense(runs, c, family))]
     if bad_runs:
         return _broken(scale, family, name, bad_runs)
@@ -207,7 +273,7 @@ def larger_scale_not_worse(runs, scale: Cell, family: str, order: list[Cell], ma
         used.append(m)
         bad = hi > m
         failed |= bad
-        parts.append(f"vs {s}: dense {statistics.fmean(mine):.4f} against {statistics.fmean(other):.4f} "
+        parts.append(f"vs {s} (both {', '.join(map(str, sorted(mine_steps)))} steps): dense {statistics.fmean(mine):.4f} against {statistics.fmean(other):.4f} "
                      f"({statistics.fmean(mine) - statistics.fmean(other):+.4f} [{lo:+.4f}, {hi:+.4f}], margin "
                      f"{m:.4f})" + (f" — not shown to be within the margin of {s}" if bad else ""))
     return _combine(scale, family, name, failed, short, parts, used)
@@ -329,16 +395,24 @@ def converged(runs, scale: Cell, family: str, order: list[Cell], threshold: floa
     bad_runs = _nonfinite("dense", {s: dense[s] for s in seeds}) + _nonfinite(what, {s: ref[s] for s in seeds})
     if bad_runs:
         return _broken(scale, family, name, bad_runs)
+    gains = [doubling_gain(ref[s].metrics[_key()], dense[s].metrics[_key()], T0, T) for s in seeds]
     short = statistics.fmean(ref[s].metrics[_key()] for s in seeds)
     long = statistics.fmean(dense[s].metrics[_key()] for s in seeds)
-    gain = doubling_gain(short, long, T0, T)
+    gain = statistics.fmean(gains)
+    head = (f"{T0} → {T} steps (each on its own schedule; {what}, {len(seeds)} seed(s)): {EVAL_SET} loss "
+            f"{short:.4f} → {long:.4f}, {gain:.1%} per doubling of the budget")
+    ci = t_interval(gains)
+    if ci is None:  # one seed: a point estimate, which the rule of this module never passes on
+        return Diagnostic(scale, family, name, COULD_NOT_RUN,
+                          head + f" from one seed — a point estimate, no interval (band ±{threshold:.0%}); plan "
+                          "every seed's half-budget run (trust.half_budget: every)", threshold)
+    lo, hi = ci
     worse = gain < -threshold  # two-sided: more training made it worse (overfitting, divergence)
-    ok = not worse and gain <= threshold
-    detail = (f"{T0} → {T} steps (each on its own schedule; {what}, {len(seeds)} seed(s)"
-              + (": a point estimate, no interval" if len(seeds) == 1 else "") + f"): {EVAL_SET} loss {short:.4f} "
-              f"→ {long:.4f}, {gain:.1%} per doubling of the budget (band ±{threshold:.0%})"
-              + ("" if ok else " — worse with more training" if worse else " — still improving fast with more "
-                                                                           "training"))
+    ok = -threshold <= lo and hi <= threshold  # the interval, not the mean, inside the band
+    detail = (head + f" [{lo:+.1%}, {hi:+.1%}] (95% t-interval over seeds, paired; band ±{threshold:.0%})"
+              + ("" if ok else " — worse with more training" if worse else
+                 " — not shown to gain less than the band per doubling" if hi > threshold else
+                 " — not shown not to get worse with more training"))
     return Diagnostic(scale, family, name, PASSED if ok else FAILED, detail, threshold,
                       reason=WORSE if worse else None)
 
@@ -361,25 +435,34 @@ def finite_losses(runs, scale: Cell, family: str) -> Diagnostic:
 
 
 def diagnose(runs, scale_families: list[tuple[Cell, str]], order: list[Cell], method: str, margin: float,
-             threshold: float, search: tuple[float, float] | None = None) -> list[Diagnostic]:
-    """Every check at every (cell, family). `search`: the sweep's learning-rate search range (low, high), if any."""
+             threshold: float, search: tuple[float, float] | None = None, searches=None,
+             every=None) -> list[Diagnostic]:
+    """Every check at every (cell, family). `search`: the sweep's learning-rate search range (low, high), if any;
+    `searches`: its finished candidates (None: not read; the bracket check then could not run, unless the sweep
+    searched nothing); `every`: every run, of every recovery (the checks before fine-tune and of the recovery's
+    rate read them all; default `runs`)."""
     out = []
+    every = runs if every is None else every
     for scale, family in scale_families:
         conv = converged(runs, scale, family, order, threshold)
-        gate = not (conv.state == PASSED and searched_rates(runs, scale, family, search))
+        brackets = search_brackets(searches if search is not None else [], scale, family)
+        gate = not (conv.state == PASSED and searched_rates(runs, scale, family, search)
+                    and brackets.state != FAILED)
         out += [dense_vs_scratch_e(runs, scale, family, margin, gate),
                 larger_scale_not_worse(runs, scale, family, order, margin),
-                informative_beats_random(runs, scale, family, method),
-                conv, finite_losses(runs, scale, family)]
+                informative_beats_random(every, scale, family, method),
+                conv, brackets, recovery_brackets(every, scale, family), finite_losses(runs, scale, family)]
     return out
 
 
 SHORT = {
+    "lr_search_brackets": "a learning-rate search's best rate is at the edge of the rates it tried",
+    "recovery_rate_brackets": "a recovery's val-chosen rate is at the edge of the rates it tried",
     "dense_vs_scratch_e": "the dense model is not shown to be within the margin of Scratch-E trained for the same "
                           "steps",
     "larger_scale_not_worse": "this scale's dense model is not shown to be within the margin of a smaller scale's",
     "informative_beats_random": "informed scoring is not clearly better than random before fine-tune",
-    "converged": "the dense loss still improves fast with more training",
+    "converged": "the dense loss is not shown to have stopped improving with more training",
     "finite": NONFINITE,
 }
 

@@ -61,6 +61,7 @@ def _headline(doc: Doc, rep: Report, pg: _Page) -> None:
           f"controls). A scale whose trust diagnostics fail (section 2) is **untrustworthy**, one whose checks could "
           f"not all run is **unverified**: no verdict is given on either.")
     lines, table = [], []
+    swept = [a for a in control_names() if any(c.control == a for c in rep.primary())]  # the controls trained
     for scale, family in pg.scale_families:
         lines.append(f"**{scale} {family}**: {rep.headline(scale, family)}.")
         for ratio in sorted({c.ratio for c in rep.prunable if (c.scale, c.family) == (scale, family)}):
@@ -70,11 +71,12 @@ def _headline(doc: Doc, rep: Report, pg: _Page) -> None:
                     (scale, family, ratio)}
             table.append([scale, family, fmt_ratio(ratio),
                           ", ".join(f"{p.method} {p.verdict}" for p in h1) or "—",
-                          *[(f"{prim[a].verdict} ({prim[a].diff_mean:+.4f}, Holm {fmt_ci(prim[a].ci95_holm)}"
-                             f", p_Holm {fmt_p(prim[a].p_holm)})" if a in prim else "—") for a in control_names()]])
+                          *[(f"{prim[a].verdict} ({prim[a].diff_mean:+.4f}, simultaneous "
+                             f"{fmt_ci(prim[a].ci95_simultaneous)}, p_Holm {fmt_p(prim[a].p_holm)})"
+                             if a in prim else "—") for a in swept]])
     doc.items(lines)
     doc.table(["scale", "family", "ratio", "half (1): prunable before fine-tune (id)",
-               *[f"half (2) vs {arm_label(a)}: verdict (diff, adjusted CI, adjusted p)" for a in control_names()]],
+               *[f"half (2) vs {arm_label(a)}: verdict (diff, simultaneous CI, Holm p)" for a in swept]],
               table)
     if not rep.comparisons:
         doc.p("Half (2) was not tested: the sweep has no controls trained from scratch.")
@@ -104,8 +106,10 @@ def _comparisons(doc: Doc, rep: Report, pg: _Page) -> None:
           "recovery fine-tuning; `best on val` is the method with the lowest validation loss after fine-tuning "
           "(chosen on the validation set, never an eval set). Verdicts: supported (pruned better, CI above 0), "
           "refuted (control better, CI below 0), inconclusive, insufficient_seeds (n < 2, no interval). The primary "
-          "rows' verdicts are Holm-adjusted (`Holm CI`, `p Holm`: the scale's ratios × controls are one family); "
-          "secondary rows are unadjusted.")
+          "rows' verdicts are Holm-adjusted (`p Holm`: the scale's ratios × controls are one family); `step-down "
+          "CI` is the interval at the level of the Holm step that tested the row (the last steps' is the unadjusted "
+          "95% one: not simultaneous), `simultaneous CI` the family's Bonferroni intervals (1 − 0.05/m each: all m "
+          "cover together with probability ≥ 95%; the headline quotes these); secondary rows are unadjusted.")
     forest = pg.plots / "comparisons.png"
     plots.forest_plot([c for c in rep.comparisons if is_primary(c)], forest)
     doc.img(forest, "Primary method: control − pruned loss on id, mean and 95% CI per ratio and control "
@@ -118,7 +122,7 @@ def _comparisons(doc: Doc, rep: Report, pg: _Page) -> None:
         row = [c.scale, c.family, fmt_ratio(c.ratio), c.heads_dense, c.heads_kept, label,
                c.scope, c.schedule, "pre-FT" if c.finetune_steps == 0 and pg.ft else c.finetune_steps,
                arm_label(c.control), c.eval_set, c.n_seeds, c.pruned_loss, c.control_loss,
-               f"{c.diff_mean:+.4f}", fmt_ci(c.ci95), fmt_p(c.p_value), fmt_ci(c.ci95_holm), fmt_p(c.p_holm),
+               f"{c.diff_mean:+.4f}", fmt_ci(c.ci95), fmt_p(c.p_value), fmt_ci(c.ci95_holm), fmt_ci(c.ci95_simultaneous), fmt_p(c.p_holm),
                c.verdict]
         main_method = c.method == PRIMARY["method"] or is_best
         if main_method and is_primary(c, "scope", "schedule", "eval_set"):
@@ -126,7 +130,7 @@ def _comparisons(doc: Doc, rep: Report, pg: _Page) -> None:
         else:
             second.append(row)
     head = ["scale", "family", "ratio", "H", "kept", "method", "scope", "schedule", "fine-tune", "control", "set",
-            "n", "pruned", "control", "diff", "95% CI", "p", "Holm CI", "p Holm", "verdict"]
+            "n", "pruned", "control", "diff", "95% CI", "p", "step-down CI", "simultaneous CI", "p Holm", "verdict"]
     doc.table(head, main_rows)
     if second:
         doc.h(3, "Secondary combinations")

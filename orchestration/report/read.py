@@ -93,6 +93,7 @@ class SweepRuns:
     runs: list[Run]  # finished children (lr_search aside)
     missing: list[str]  # planned units without a finished run
     histories: dict = field(default_factory=dict)  # dense run id -> {metric: [(step, value)]}
+    searches: list[Run] | None = None  # the finished learning-rate candidates (None: not read)
 
 
 def client(uri: str):
@@ -139,7 +140,8 @@ def load_sweep_runs(uri: str, sweep_name: str) -> SweepRuns:
     else:
         missing = sorted(r.name for r in runs if r.status != "FINISHED" and r.tags.get("headroom.stage") != "lr_search")
     out = SweepRuns(uri, sweep_name, parent.data.tags.get("headroom.spec_hash", ""), parent.info.run_id, spec, done,
-                    missing)
+                    missing, searches=[r for r in runs if r.status == "FINISHED"
+                                       and r.tags.get("headroom.stage") == "lr_search"])
     for r in done:
         if r.arm == "dense":  # probes and the training-loss curve (the `converged` diagnostic)
             keys = [k for k in r.metrics if k.startswith(M.PROBE)] + [M.TRAIN_LOSS]

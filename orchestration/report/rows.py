@@ -44,6 +44,10 @@ class Comparison:
     stage: str = "final"  # pre_ft: the masked model before fine-tune; final: after the recovery (F steps)
     # the group's other grouped axes (declared since these fields were: orchestration/design/axes.py), by name
     group: dict = field(default_factory=dict)
+    # a primary row's interval at 1 − α/m over its family of m (Bonferroni): the m intervals cover together with
+    # probability ≥ 95%. `ci95_holm` is the step-down interval of the Holm step that tested the row: for the last
+    # steps that is the unadjusted 95% interval, so it is not simultaneous
+    ci95_simultaneous: list[float] | None = None
 
     def to_json(self) -> dict:
         return _without_empty_group(asdict(self))

@@ -16,7 +16,8 @@ and the fit is least squares on cell means with one intercept per group and a co
   parameter of the dense model; Kaplan et al. 2020's N), one intercept per scale. The slope is how the gap
   changes per decade of budget inside a scale, with scale differences absorbed by the intercepts (and with them
   each seed's shared effect across its scale's budgets).
-- size across scales (axis `params`, fit `across_scales`): per budget (step count) with at least three scales, x =
+- size across scales (axis `params`, fit `across_scales`): per step count actually trained (the runs' `steps`, not
+  the budget's label) with at least three scales, x =
   log10 non-embedding parameters, one cell per scale (the scales are the independent units: a scale's offset is
   shared by all its budgets, so pooling budgets would count it several times), n_scales − 2 degrees of freedom.
   With two scales any difference between two architectures would be read as a size effect. At one step count the
@@ -141,20 +142,21 @@ def timing(runs: list[Run]) -> list[Timing]:
 # ------------------------------------------------------------------------------------------------ trend
 
 
-def _x(r: Run) -> tuple[float, float] | None:
-    """(training tokens per non-embedding parameter, non-embedding parameters) of the dense model a pruned run came
-    from."""
+def _x(r: Run) -> tuple[float, float, int] | None:
+    """(training tokens per non-embedding parameter, non-embedding parameters, steps trained) of the dense model a
+    pruned run came from."""
     try:
         params = float(r.metrics["params_dense_nonembedding"])
-        tokens = float(r.params["steps"]) * float(r.params["batch_size"]) * float(r.params["seq_len"])
+        steps = int(round(float(r.params["steps"])))
+        tokens = steps * float(r.params["batch_size"]) * float(r.params["seq_len"])
     except (KeyError, ValueError):
         return None
-    return tokens / params, params
+    return tokens / params, params, steps
 
 
 def gap_points(runs: list[Run], exclude: frozenset = frozenset()) -> dict:
     """(family, ratio, control, the group's other axes) -> [(cell, tokens per parameter, parameters, [control −
-    pruned per seed])] on the primary comparison after the recovery fine-tune; cells in `exclude` ((cell, family)
+    pruned per seed], dense steps trained)] on the primary comparison after the recovery fine-tune; cells in `exclude` ((cell, family)
     pairs) left out."""
     key = M.loss(M.FINAL, PRIMARY["eval_set"])
     controls = control_runs(runs)
@@ -174,7 +176,7 @@ def gap_points(runs: list[Run], exclude: frozenset = frozenset()) -> dict:
             seeds = [s for s in sorted(set(by_seed) & set(ctrl)) if key in by_seed[s].metrics and key in ctrl[s].metrics]
             if seeds:
                 out[(family, ratio, arm, tuple(other_axes(gkey).items()))].append(
-                    (scale, x[0], x[1], [ctrl[s].metrics[key] - by_seed[s].metrics[key] for s in seeds]))
+                    (scale, x[0], x[1], [ctrl[s].metrics[key] - by_seed[s].metrics[key] for s in seeds], x[2]))
     return out
 
 
@@ -253,8 +255,8 @@ def _group_rows(f: dict) -> list[dict]:
 
 def _all_cells(pts: list, axis: str) -> list[tuple[str, float, float]]:
     if axis == "tokens_per_param":
-        return [(c.scale, math.log10(tpp), mean(g)) for c, tpp, _, g in pts]
-    return [(str(c.budget), math.log10(p), mean(g)) for c, _, p, g in pts]
+        return [(c.scale, math.log10(tpp), mean(g)) for c, tpp, _, g, _ in pts]
+    return [(str(steps), math.log10(p), mean(g)) for c, _, p, g, steps in pts]
 
 
 def _fit_row(family, ratio, control, axis, fit, pts, used, points, left_out, shaky, budget=None,
@@ -298,7 +300,7 @@ def trends(runs: list[Run], exclude: frozenset = frozenset(), unverified: frozen
         left_out = sorted({c for c, *_ in pts if (c, family) in exclude}, key=scale_rank)
         used = kept_pts.get((family, ratio, control, other), [])
         points = []
-        for cell, tpp, params, gaps in pts:
+        for cell, tpp, params, gaps, _ in pts:
             ci = t_interval(gaps)
             points.append(TrendPoint(cell, tpp, params, len(gaps), mean(gaps), list(ci) if ci else None,
                                      (cell, family) not in exclude))
@@ -307,16 +309,18 @@ def trends(runs: list[Run], exclude: frozenset = frozenset(), unverified: frozen
                        shaky)
         if row is not None:
             out.append(replace(row, group=dict(other)))
-        # across scales: one fit per budget (step count), one cell per scale
-        for budget in sorted({c.budget for c, *_ in pts}, key=lambda b: b or 0):
-            at = [p for p in pts if p[0].budget == budget]
+        # across scales: one fit per step count trained (not the budget's label: scales of one budget each may
+        # have trained different steps), one cell per scale
+        steps_of = {p[0]: p[4] for p in pts}
+        for steps in sorted(set(steps_of.values())):
+            at = [p for p in pts if p[4] == steps]
             if len({p[0].scale for p in at}) < MIN_SCALES_ACROSS:
                 continue
-            mine = [p for p in used if p[0].budget == budget]
-            gone = [c for c in left_out if c.budget == budget]
+            mine = [p for p in used if p[4] == steps]
+            gone = [c for c in left_out if steps_of.get(c) == steps]
             row = _fit_row(family, ratio, control, "params", "across_scales", at, mine,
-                           [p for p in points if p.cell.budget == budget], gone, shaky, budget,
-                           ACROSS_NOTE)
+                           [p for p in points if steps_of.get(p.cell) == steps], gone, shaky, steps,
+                           ACROSS_NOTE + f" (the cells fitted trained {steps} steps each)")
             if row is not None:
                 out.append(replace(row, group=dict(other)))
     return out

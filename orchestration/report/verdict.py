@@ -26,6 +26,7 @@ from .analysis import (
     prune_curves,
     replication,
 )
+from .curves import BreakEven, Savings, break_even, savings
 from .diagnostics import Diagnostic, diagnose, findings, untrustworthy, unverified
 from .read import SweepRuns, Windows
 from .render import fmt_ci, fmt_p
@@ -80,6 +81,10 @@ class Report:
     replication: list[Replication] = field(default_factory=list)  # section 4 (not in verdict.json)
     method_gaps: list[MethodGap] = field(default_factory=list)  # which scorer (report/scorers.py)
     stability: list[Stability] = field(default_factory=list)
+    # when a pruned start pays (report/curves.py): the recovery curve's break-even against each control, and the
+    # from-scratch steps a pruned start saves (the parent-free accounting)
+    break_even: list[BreakEven] = field(default_factory=list)
+    savings: list[Savings] = field(default_factory=list)
 
     def verdict_json(self) -> dict:
         return {"sweep": self.data.sweep, "spec_hash": self.data.spec_hash,
@@ -100,7 +105,9 @@ class Report:
                 "recovery": [c.to_json() for c in self.recovery],
                 "recovery_trend": [t.to_json() for t in self.recovery_trends],
                 "methods": [g.to_json() for g in self.method_gaps],
-                "stability": [x.to_json() for x in self.stability]}
+                "stability": [x.to_json() for x in self.stability],
+                "break_even": [b.to_json() for b in self.break_even],
+                "savings": [x.to_json() for x in self.savings]}
 
     def primary(self) -> list[Comparison]:
         return [c for c in self.comparisons if c.primary]
@@ -160,7 +167,7 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
     order = sorted({r.scale for r in runs}, key=scale_rank)  # scale labels, smallest first (budgets within)
     search = data.spec.lr.search if data.spec is not None and data.spec.lr is not None else None
     diags = diagnose(runs, scale_fams, order, PRIMARY["method"], trust.margin, trust.doubling_gain,
-                     (search.low, search.high) if search is not None else None)
+                     (search.low, search.high) if search is not None else None, data.searches, every)
     failed = frozenset(k for k in scale_fams if untrustworthy(diags, *k))
     shaky = frozenset(k for k in scale_fams if unverified(diags, *k))
     probe_series = probes(data)
@@ -170,7 +177,8 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
                   diagnostics=diags, learning_rates=learning_rates(every),
                   evaluation=evaluation_info(runs), timing=timing(runs), trends=trends(runs, failed, shaky),
                   recovery=rec_rows, recovery_trends=sign_changes(rec_rows), primary_recovery=main,
-                  replication=replication(comps), method_gaps=method_gaps(runs, windows), stability=stability(runs))
+                  replication=replication(comps), method_gaps=method_gaps(runs, windows), stability=stability(runs),
+                  break_even=break_even(rec_rows), savings=savings(every))
 
 
 def headline_metrics(rep: Report) -> dict[str, float]:
@@ -199,11 +207,12 @@ def headline_markdown(rep: Report, report_path: str) -> str:
         out += [f"### {scale} {family}", "", f"**{rep.headline(scale, family)}**", ""]
         rows = [c for c in rep.primary() if (c.scale, c.family) == (scale, family)]
         if rows:
-            out += ["| ratio | control | verdict | control − pruned (nats/token; > 0: pruning wins) | 95% CI "
-                    "| p (Holm) | seeds |",
-                    "|---|---|---|---|---|---|---|"]
+            out += ["| ratio | control | verdict | control − pruned (nats/token; > 0: pruning wins) | simultaneous "
+                    "CI (Bonferroni over the family) | unadjusted 95% CI | p (Holm) | seeds |",
+                    "|---|---|---|---|---|---|---|---|"]
             out += [f"| {c.ratio:g} | {arm_label(c.control)} | {c.verdict.replace('_', ' ')} | "
-                    f"{c.diff_mean:+.4f} | {fmt_ci(c.ci95)} | {fmt_p(c.p_holm)} | {c.n_seeds} |" for c in rows]
+                    f"{c.diff_mean:+.4f} | {fmt_ci(c.ci95_simultaneous)} | {fmt_ci(c.ci95)} | {fmt_p(c.p_holm)} "
+                    f"| {c.n_seeds} |" for c in rows]
             out.append("")
         checks = [g for g in rep.diagnostics if (g.scale, g.family) == (scale, family)]
         if checks:
@@ -225,8 +234,8 @@ def headline_table(rep: Report) -> str:
             for d in rep.primary():
                 if (d.scale, d.family) == (scale, family):
                     lines.append(f"      r{d.ratio:g} vs {arm_label(d.control):<9} {d.verdict:<18} "
-                                 f"diff {d.diff_mean:+.4f} CI {fmt_ci(d.ci95)} p_Holm {fmt_p(d.p_holm)} "
-                                 f"(n={d.n_seeds})")
+                                 f"diff {d.diff_mean:+.4f} simultaneous CI {fmt_ci(d.ci95_simultaneous)} "
+                                 f"(unadjusted {fmt_ci(d.ci95)}) p_Holm {fmt_p(d.p_holm)} (n={d.n_seeds})")
             for g in rep.diagnostics:
                 if (g.scale, g.family) == (scale, family) and g.state in ("failed", "could_not_run", "finding"):
                     lines.append(f"      {STATE_WORDS[g.state].strip('*')} check {g.check}: {g.detail}")
