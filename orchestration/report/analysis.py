@@ -139,12 +139,15 @@ def primary_recovery(runs: list[Run], spec=None) -> tuple[int, str]:
     return max((r.finetune_steps or 0 for r in pruned if r.recovery == kind), default=0), kind
 
 
-def at_recovery(runs: list[Run], recovery: tuple[int, str]) -> list[Run]:
+def at_recovery(runs: list[Run], recovery: tuple[int, str], spec=None) -> list[Run]:
     """The runs of one recovery (F, objective): its pruned runs, the controls matched to it, and every other run
-    (dense, the controls that stand for every recovery). A sweep with one recovery keeps all of its runs."""
-    f, kind = recovery
+    (dense, the controls that stand for every recovery). A sweep with one recovery keeps all of its runs. With the
+    sweep file (`spec`), a scale with its own recovery ladder is read at the largest F of its own ladder."""
     out = []
     for r in runs:
+        f, kind = recovery
+        if spec is not None and spec.scales and r.scale.scale in spec.scales:
+            f = max(spec.finetune_steps(r.scale.scale))
         if r.arm == "pruned" and (r.finetune_steps or 0, r.recovery) != (f, kind):
             continue
         if r.arm in ARMS and ARMS[r.arm].per_recovery and (
@@ -155,13 +158,14 @@ def at_recovery(runs: list[Run], recovery: tuple[int, str]) -> list[Run]:
 
 
 def comparisons(runs: list[Run], windows: Windows | None = None,
-                main: tuple[int, str] | None = None) -> list[Comparison]:
+                main: tuple[int, str] | None = None, spec=None) -> list[Comparison]:
     """Every pruned group against every control of its head count, paired by seed, on every eval set, before
     (finetune_steps 0) and after recovery fine-tune; then Holm's adjustment over each (scale, family)'s primary
     comparisons, whose verdicts become the adjusted ones. Primary: the PRIMARY method, scope, schedule and eval
     set, after the primary recovery (`primary_recovery`); the masked model before fine-tune is compared in that
     recovery's groups only (it is the same model in every other). `main`: the primary recovery (F, objective),
-    from the sweep file; inferred from the runs when not given."""
+    from the sweep file; inferred from the runs when not given. With the sweep file (`spec`), a scale with its own
+    recovery ladder has its primary recovery at the largest F of that ladder."""
     windows = windows or Windows(None)
     controls = control_runs(runs)
     sets = eval_sets(runs)
@@ -172,7 +176,8 @@ def comparisons(runs: list[Run], windows: Windows | None = None,
                                                               key.schedule, key.recovery)  # by name
         first = by_seed[min(by_seed)]
         ft = first.finetune_steps or 0
-        is_main = (ft, rec) == main
+        own = spec is not None and spec.scales and key.scale.scale in spec.scales
+        is_main = (ft, rec) == ((max(spec.finetune_steps(key.scale.scale)), main[1]) if own else main)
         for arm in control_names():
             ctrl = controls_of(controls, arm, key)
             seeds = sorted(set(by_seed) & set(ctrl))

@@ -45,7 +45,7 @@ def render(rep: Report, out: Path, scores: dict | None = None) -> Doc:
         doc.p(f"**Partial report**: {len(d.missing)} planned unit(s) have no finished run; rows that need them "
               f"are absent. Missing: " + ", ".join(f"`{m}`" for m in d.missing[:40])
               + (" …" if len(d.missing) > 40 else ""))
-    for section in (_headline, _diagnostics, _comparisons, _replication, _curves, _across_scales, _timing, _budget,
+    for section in (_headline, _pays, _diagnostics, _comparisons, _replication, _curves, _across_scales, _timing, _budget,
                     _recovery, _probes, _learning_rates, _evaluation, _cost):
         section(doc, rep, pg)
     return doc
@@ -181,6 +181,50 @@ def _curves(doc: Doc, rep: Report, pg: _Page) -> None:
     doc.h(3, "Half (1) at the swept ratios")
     doc.table(["scale", "family", "method", "scope", "schedule", "set", "ratio", "n", "dense", "pruned (pre-FT)",
                "verdict"], h1_rows)
+
+
+def _fmt_f(x) -> str:
+    return "open" if x is None else f"{x:,.0f}"
+
+
+def _pays(doc: Doc, rep: Report, pg: _Page) -> None:
+    """Section 1a. when a pruned start pays (report/curves.py); only for a sweep with a recovery ladder."""
+    if not rep.break_even and not rep.savings:
+        return
+    from orchestration.design.unit import scale_rank
+
+    doc.h(2, "1a. When a pruned start pays: the recovery curve, counted both ways")
+    doc.p("Parent counted: the gap control − pruned after F recovery steps, against Scratch-E (T steps from scratch) "
+          "and against Scratch-B(F) (from scratch to the whole pruned arm's compute, the dense training included). "
+          "Bands are simultaneous over each curve's budgets (Bonferroni). `pays`: from the band's upper break-even "
+          "end on, pruning is shown not worse; `parity`: not shown worse, not shown as good; `worse`: the control "
+          "is better at every F. F* is where the mean crosses 0 (descriptive: with few seeds a curve crosses by "
+          "noise). Parent free: the from-scratch steps of the pruned shape whose loss the pruned start reaches "
+          "(each seed's own from-scratch curve), as a multiple of F, geometric mean over seeds with its 95% "
+          "interval.")
+    order = sorted({r.scale for r in rep.break_even}, key=lambda s: scale_rank(next(
+        c.scale for c in rep.comparisons if str(c.scale) == s)))
+    if rep.break_even:
+        path = pg.plots / "break_even.png"
+        plots.break_even_plot(rep.break_even, order, path)
+        doc.img(path, "control − pruned against the recovery budget F, per scale, with simultaneous bands")
+        path = pg.plots / "gap_by_size.png"
+        plots.gap_by_size_plot(rep.break_even, order, path)
+        doc.img(path, "control − pruned against the scale at matched F (the same step of each scale's ladder)")
+        doc.table(["scale", "family", "ratio", "control", "F", "control − pruned at each F", "state", "F* (mean)",
+                   "F* interval", "note"],
+                  [[b.scale, b.family, fmt_ratio(b.ratio), arm_label(b.control), " ".join(map(str, b.budgets)),
+                    " ".join(f"{d:+.3f}" for d in b.diffs), b.state, _fmt_f(b.break_even),
+                    f"[{_fmt_f(b.break_even_ci[0])}, {_fmt_f(b.break_even_ci[1])}]" if b.break_even_ci else "—",
+                    b.note] for b in rep.break_even])
+    if rep.savings:
+        doc.table(["scale", "family", "ratio", "F", "seeds", "from-scratch steps matched (per seed)",
+                   "savings factor S/F", "95% CI", "curve spans"],
+                  [[x.scale, x.family, fmt_ratio(x.ratio), x.finetune_steps, x.n_seeds,
+                    ", ".join("—" if v is None else f"{v:,.0f}" for v in x.scratch_steps),
+                    x.bound if x.factor is None else f"{x.factor:.3g}×",
+                    f"[{x.factor_ci95[0]:.3g}, {x.factor_ci95[1]:.3g}]" if x.factor_ci95 else "—",
+                    f"{x.curve_range[0]}–{x.curve_range[1]} steps"] for x in rep.savings])
 
 
 def _across_scales(doc: Doc, rep: Report, pg: _Page) -> None:

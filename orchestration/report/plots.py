@@ -319,3 +319,65 @@ def recovery_plot(rows: list, path: str | Path, title: str) -> None:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     _save(fig, path)
+
+
+def break_even_plot(rows: list, order: list[str], path: str | Path) -> None:
+    """The recovery curve of each scale (a panel each, `order` smallest first): control − pruned against F (log),
+    one line per control with its band at the row's simultaneous level; the break-even F* marked where the mean
+    crosses 0 (above 0: pruning wins)."""
+    plt = _plt()
+    scales = [s for s in order if any(r.scale == s for r in rows)]
+    fig, axs = plt.subplots(1, len(scales), figsize=(4.2 * len(scales), 3.8), dpi=120, squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    controls = sorted({r.control for r in rows})
+    for ax, scale in zip(axs[0], scales):
+        for i, control in enumerate(controls):
+            for r in (r for r in rows if r.scale == scale and r.control == control):
+                lo = [c[0] if c else d for c, d in zip(r.ci, r.diffs)]
+                hi = [c[1] if c else d for c, d in zip(r.ci, r.diffs)]
+                ax.plot(r.budgets, r.diffs, marker="o", color=cmap(i), label=f"vs {arm_label(control)} r{r.ratio:g}")
+                ax.fill_between(r.budgets, lo, hi, color=cmap(i), alpha=0.15)
+                if r.break_even is not None:
+                    ax.axvline(r.break_even, color=cmap(i), ls=":", lw=1)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("recovery steps F")
+        ax.set_title(str(scale), fontsize=9)
+        ax.grid(alpha=0.3)
+    axs[0][0].set_ylabel("control − pruned (nats/token; > 0: pruning wins)")
+    axs[0][0].legend(fontsize=7)
+    _save(fig, path)
+
+
+def gap_by_size_plot(rows: list, order: list[str], path: str | Path) -> None:
+    """The gap against the scale at matched F: the k-th budget of every scale's ladder (ladders in proportion to
+    each scale's T match by position), one line per position, a panel per control; 95%-simultaneous bands as bars."""
+    plt = _plt()
+    controls = sorted({r.control for r in rows})
+    fig, axs = plt.subplots(1, len(controls), figsize=(4.5 * len(controls), 3.8), dpi=120, squeeze=False)
+    cmap = plt.get_cmap("viridis")
+    scales = [s for s in order if any(r.scale == s for r in rows)]
+    for ax, control in zip(axs[0], controls):
+        mine = {r.scale: r for r in rows if r.control == control}
+        k_max = max((len(r.budgets) for r in mine.values()), default=0)
+        for k in range(k_max):
+            xs, ys, err = [], [], [[], []]
+            for j, s in enumerate(scales):
+                r = mine.get(s)
+                if r is None or k >= len(r.budgets):
+                    continue
+                xs.append(j)
+                ys.append(r.diffs[k])
+                c = r.ci[k]
+                err[0].append(r.diffs[k] - c[0] if c else 0)
+                err[1].append(c[1] - r.diffs[k] if c else 0)
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=2, color=cmap(k / max(1, k_max - 1)),
+                        label=f"ladder step {k + 1}")
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xticks(range(len(scales)), [str(s) for s in scales])
+        ax.set_xlabel("scale (smallest first)")
+        ax.set_title(f"vs {arm_label(control)}", fontsize=9)
+        ax.grid(alpha=0.3)
+    axs[0][0].set_ylabel("control − pruned at matched F (> 0: pruning wins)")
+    axs[0][0].legend(fontsize=6)
+    _save(fig, path)

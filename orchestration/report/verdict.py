@@ -152,7 +152,7 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
         raise HeadroomInputError(f"sweep {data.sweep!r} (spec {data.spec_hash}) has no finished pruned run: "
                                  "nothing to compare yet")
     main = primary_recovery(every, data.spec)
-    runs = at_recovery(every, main)  # every table but the recovery section's: the primary recovery's runs
+    runs = at_recovery(every, main, data.spec)  # every table but the recovery section's: the primary recovery's runs
     if not any(r.arm == "pruned" for r in runs):
         found = sorted({(r.finetune_steps or 0, r.recovery) for r in every if r.arm == "pruned"})
         raise HeadroomInputError(
@@ -160,7 +160,7 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
             f"file declares (F = {main[0]}, {main[1]}); pruned runs finished at " +
             ", ".join(f"F = {f} ({k})" for f, k in found))
     rec_rows = recovery_rows(every, windows)
-    comps = comparisons(runs, windows, main)
+    comps = comparisons(runs, windows, main, data.spec)
     curves = prune_curves(runs)
     h1 = prunable(runs, tol)
     scale_fams = sorted({(p.scale, p.family) for p in h1}, key=lambda p: (scale_rank(p[0]), p))
@@ -214,6 +214,9 @@ def headline_markdown(rep: Report, report_path: str) -> str:
                     f"{c.diff_mean:+.4f} | {fmt_ci(c.ci95_simultaneous)} | {fmt_ci(c.ci95)} | {fmt_p(c.p_holm)} "
                     f"| {c.n_seeds} |" for c in rows]
             out.append("")
+        pays = pays_lines(rep, scale, family)
+        if pays:
+            out += ["When a pruned start pays:"] + [f"- {x}" for x in pays] + [""]
         checks = [g for g in rep.diagnostics if (g.scale, g.family) == (scale, family)]
         if checks:
             out.append("Trust diagnostics:")
@@ -223,6 +226,33 @@ def headline_markdown(rep: Report, report_path: str) -> str:
         out += [f"Partial: {len(rep.data.missing)} planned unit(s) missing.", ""]
     out.append(f"Full report: artifacts `{report_path}/report.html` (and `report.md`, `verdict.json`) of this run.")
     return "\n".join(out)
+
+
+def pays_lines(rep: Report, scale, family: str) -> list[str]:
+    """When a pruned start pays at (scale, family), in words (report/curves.py): per control, the recovery curve's
+    state and break-even; then the parent-free savings at each F. Empty for a sweep without a recovery ladder."""
+    out = []
+    for b in rep.break_even:
+        if (b.scale, b.family) != (str(scale), family):
+            continue
+        lo, hi = b.break_even_ci or (None, None)
+        what = {"pays": f"pays (pruning shown not worse from F ≈ {hi:,.0f})" if hi is not None else
+                        f"pays (shown not worse from F = {b.budgets[0]} on)",
+                "parity": "parity (not shown worse" + (f" from F ≈ {lo:,.0f}" if lo is not None else "")
+                          + f", not shown as good up to F = {b.budgets[-1]})",
+                "worse": f"worse at every F up to {b.budgets[-1]}"}.get(b.state, b.state)
+        star = f"; mean crosses 0 at F* ≈ {b.break_even:,.0f}" if b.break_even is not None else ""
+        how = {"scratch_b": "parent counted: its compute matched at each F",
+               "scratch_e": "the small model trained the dense run's T steps"}.get(b.control, "")
+        out.append(f"recovery curve r{b.ratio:g} vs {arm_label(b.control)}{f' ({how})' if how else ''}: "
+                   f"{what}{star}")
+    for x in rep.savings:
+        if (x.scale, x.family) == (str(scale), family):
+            told = (f"{x.factor:.3g}× [{x.factor_ci95[0]:.3g}, {x.factor_ci95[1]:.3g}]" if x.factor_ci95 else
+                    f"{x.factor:.3g}×" if x.factor is not None else f"{x.bound}× (a bound)")
+            out.append(f"parent free r{x.ratio:g}, F = {x.finetune_steps}: the pruned start reaches the loss of "
+                       f"{told} F from-scratch steps (n={x.n_seeds})")
+    return out
 
 
 def headline_table(rep: Report) -> str:
@@ -236,6 +266,7 @@ def headline_table(rep: Report) -> str:
                     lines.append(f"      r{d.ratio:g} vs {arm_label(d.control):<9} {d.verdict:<18} "
                                  f"diff {d.diff_mean:+.4f} simultaneous CI {fmt_ci(d.ci95_simultaneous)} "
                                  f"(unadjusted {fmt_ci(d.ci95)}) p_Holm {fmt_p(d.p_holm)} (n={d.n_seeds})")
+            lines += [f"      {x}" for x in pays_lines(rep, scale, family)]
             for g in rep.diagnostics:
                 if (g.scale, g.family) == (scale, family) and g.state in ("failed", "could_not_run", "finding"):
                     lines.append(f"      {STATE_WORDS[g.state].strip('*')} check {g.check}: {g.detail}")
