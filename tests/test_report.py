@@ -383,3 +383,15 @@ def test_the_parent_description_labels_its_differences_as_they_are(planted):
     assert "control − pruned" in header and "pruned − control" not in md
     row = next(line for line in md.splitlines() if line.startswith("| 0.5 | Scratch-E |"))
     assert f"{statistics.fmean(GAP['scratch_e']):+.4f}" in row  # +0.1000: positive, pruning wins
+
+
+def test_integer_axes_stay_integers_in_runs_csv_where_some_runs_have_none():
+    """A recovery budget of 200 is written 200, not 200.0, though the dense row has no F (pandas would make the
+    column float)."""
+    from orchestration.report.read import Run, runs_table
+
+    runs = [Run("a", "n", "FINISHED", {"headroom.arm": "pruned", "headroom.scale": "xs",
+                                       "headroom.finetune_steps": "200", "headroom.seed": "1"}, {}, {}),
+            Run("b", "m", "FINISHED", {"headroom.arm": "dense", "headroom.scale": "xs", "headroom.seed": "0"}, {}, {})]
+    text = runs_table(runs)[["finetune_steps", "seed", "ratio"]].to_csv(index=False)
+    assert text.splitlines() == ["finetune_steps,seed,ratio", "200,1,", ",0,"]

@@ -201,7 +201,12 @@ def runs_table(runs: list[Run]):
         row.update({f"param/{p}": r.params.get(p) for p in params})
         rows.append(row)
     columns = [*ID_COLUMNS, *axes, *metrics, *(f"param/{p}" for p in params)]
-    return pd.DataFrame(rows, columns=columns)
+    table = pd.DataFrame(rows, columns=columns)
+    for name in axes:  # an integer axis stays integer where some runs have none (F 200, not 200.0)
+        values = [v for v in (row[name] for row in rows) if v is not None]
+        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            table[name] = table[name].astype("Int64")
+    return table
 
 
 def write_runs_csv(runs: list[Run], path: Path) -> Path:
