@@ -12,8 +12,9 @@ end does. An end the band does not reach inside the ladder is open ("beyond F = 
 F"). The claim rests on the band, never on the point: `state` is `pays` when the band's lower end reaches 0 inside
 the ladder (from that F on, pruning is not worse: shown at the simultaneous level), `parity` when only its upper end
 does (pruning not shown worse from that F, nor shown as good), `worse` when the band lies below 0 at every F (not
-reached by F = F_max). The mean's crossing F* is descriptive: with 3 seeds and 6 budgets a gap below 0 everywhere
-still crosses by noise in most sweeps (docs/design.md).
+reached by F = F_max), `mixed` when it reaches 0 and falls below again at a larger F (each claim "from F on" must
+hold up to F_max). The mean's crossing F* is descriptive: with 3 seeds and 6 budgets a gap below 0 everywhere
+still crosses by noise in more than half of simulated sweeps (docs/design.md).
 
 Parent free. When the dense model exists already, its training is sunk: how many from-scratch steps of the pruned
 shape does a pruned start's F steps stand for? For each seed, its own from-scratch learning curve of the pruned
@@ -55,7 +56,7 @@ class BreakEven:
     diffs: list[float]  # control − pruned at each F
     ci: list[list[float] | None]  # each F's interval at `level`
     level: float  # 1 − α/k: simultaneous over the k budgets (Bonferroni)
-    state: str  # pays | parity | worse (from the band; module docstring) | insufficient_seeds
+    state: str  # pays | parity | worse | mixed (from the band; module docstring) | insufficient_seeds
     break_even: float | None  # F*, the mean gap's first upward crossing of 0 (descriptive; None when it has none)
     break_even_ci: list[float | None] | None  # [lower, upper] of F*; None at an open end
     note: str
@@ -96,15 +97,21 @@ def _crossing(fs: list[int], ys: list[float]) -> float | None:
     return None
 
 
+def _last_below(bands: list, end: int) -> int:
+    """The index of the last budget whose band end (0: lower, 1: upper) lies below 0; -1 when none does."""
+    return max((i for i, b in enumerate(bands) if b[end] < 0), default=-1)
+
+
 def break_even(rows: list[Comparison], alpha: float = ALPHA) -> list[BreakEven]:
     """Per (cell, family, ratio, control, objective) with two or more budgets F > 0 on the primary comparison after
     recovery: the curve, its Bonferroni band and the break-even F* (module docstring)."""
     groups = defaultdict(list)
     for c in rows:
         if c.stage == "final" and c.finetune_steps > 0 and is_primary(c, "method", "scope", "schedule", "eval_set"):
-            groups[(str(c.scale), c.family, c.ratio, c.control, c.recovery)].append(c)
+            groups[(str(c.scale), c.family, c.ratio, c.control, c.recovery,
+                    tuple(sorted((k, str(v)) for k, v in c.group.items())))].append(c)
     out = []
-    for (scale, family, ratio, control, recovery), rs in sorted(groups.items()):
+    for (scale, family, ratio, control, recovery, _), rs in sorted(groups.items()):
         rs.sort(key=lambda c: c.finetune_steps)
         if len(rs) < 2:
             continue
@@ -115,17 +122,26 @@ def break_even(rows: list[Comparison], alpha: float = ALPHA) -> list[BreakEven]:
         notes = [] if ds[0] < 0 else [f"the mean gap is at or above 0 at the smallest F = {fs[0]} already"]
         ci, state = None, "insufficient_seeds"
         if all(b is not None for b in bands):
-            lo_end = None if bands[0][1] >= 0 else _crossing(fs, [b[1] for b in bands])
-            hi_end = None if bands[0][0] >= 0 else _crossing(fs, [b[0] for b in bands])
+            # a claim "from F on" must hold at every larger F of the ladder: each interval end is the crossing after
+            # the last budget at which that band end lies below 0 (open when none does, or the last one does)
+            lo_last, hi_last = _last_below(bands, 1), _last_below(bands, 0)
+            lo_end = _crossing(fs[lo_last:lo_last + 2], [b[1] for b in bands[lo_last:lo_last + 2]]) \
+                if 0 <= lo_last < len(bands) - 1 else None
+            hi_end = _crossing(fs[hi_last:hi_last + 2], [b[0] for b in bands[hi_last:hi_last + 2]]) \
+                if 0 <= hi_last < len(bands) - 1 else None
             ci = [lo_end, hi_end]
-            reaches_lo = bands[0][1] >= 0 or lo_end is not None
-            reaches_hi = bands[0][0] >= 0 or hi_end is not None
-            state = "pays" if reaches_hi else "parity" if reaches_lo else "worse"
+            reaches_lo = lo_last < len(bands) - 1
+            reaches_hi = hi_last < len(bands) - 1
+            state = "pays" if reaches_hi else "parity" if reaches_lo else "worse" if all(b[1] < 0 for b in bands) \
+                else "mixed"
+            if state == "mixed":
+                notes.insert(0, "the band reaches 0 at some F and falls below it again at a larger F: no claim "
+                                "from any F on")
             if state == "worse":
                 notes.insert(0, f"not reached by F = {fs[-1]}: the gap's interval lies below 0 at every F")
-            if bands[0][1] >= 0:
+            if lo_last == -1:
                 notes.append(f"lower end at or below F = {fs[0]} (the smallest budget's interval reaches 0)")
-            if bands[0][0] >= 0:
+            if hi_last == -1:
                 notes.append(f"pruning shown not worse at the smallest F = {fs[0]} already")
             elif hi_end is None and state == "parity":
                 notes.append(f"upper end beyond F = {fs[-1]} (no budget shows pruning not worse)")
@@ -192,8 +208,8 @@ def savings(runs: list[Run]) -> list[Savings]:
     for (scale, family, ratio, f), by_seed in sorted(pruned.items(), key=lambda kv: (str(kv[0][0]), kv[0][1:])):
         steps, logs, marks, spans = [], [], [], []
         for seed, loss in sorted(by_seed.items()):
-            curve = curves.get((scale, family, ratio, seed), {})
-            if len(curve) < 2:
+            curve = {b: v for b, v in curves.get((scale, family, ratio, seed), {}).items() if math.isfinite(v)}
+            if len(curve) < 2 or not math.isfinite(loss):  # a broken run gives its seed no value (`finite` says so)
                 continue
             budgets = sorted(curve)
             spans += [budgets[0], budgets[-1]]
@@ -206,11 +222,10 @@ def savings(runs: list[Run]) -> list[Savings]:
         if not steps:
             continue
         factor = ci = bound = None
-        if marks:
-            lower = [x for m, x in marks if m == ">"]
-            upper = [x for m, x in marks if m == "<"]
-            bound = (f"> {min(lower):.3g}" if lower and not upper else f"< {max(upper):.3g}" if upper and not lower
-                     else "outside the curve both ways")
+        if marks:  # the geometric mean with each censored seed at its bound bounds the factor (one way)
+            kinds = {m for m, _ in marks}
+            at_bounds = math.exp(mean(logs + [math.log(x) for _, x in marks]))
+            bound = f"{kinds.pop()} {at_bounds:.3g}" if len(kinds) == 1 else "outside the curve both ways"
         else:
             factor = math.exp(mean(logs))
             band = t_interval(logs)
