@@ -102,3 +102,12 @@ def test_a_cosine_sweep_has_no_trunks():
 
     plan = build_plan(parse_sweep(SWEEP.replace("schedule: wsd, ", "")), "h")
     assert all(u.trunk_key is None and not u.branch_points for u in plan.trained)
+
+
+def test_a_budget_shorter_than_its_warmup_trains_alone():
+    """Its warmup spans its own steps (lm.lr_lambda), not the trunk's: a branch would not be its run."""
+    from orchestration.design.plan import build_plan
+
+    sweep = parse_sweep(SWEEP.replace("warmup_steps: 10", "warmup_steps: 300"))
+    half = [u for u in build_plan(sweep, "h").trained if u.arm == "dense_half"]
+    assert half and all(u.trunk_key is None for u in half)  # 200 steps, warmup 300

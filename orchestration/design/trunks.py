@@ -37,7 +37,7 @@ def _signature(u: Unit) -> str | None:
 def share_trunks(units: list[Unit]) -> list[Unit]:
     """`units` with every wsd group's trunk (its longest run; the first of equal ones) keeping a checkpoint at each
     other member's cooldown start, and each other member starting from there. A member whose cooldown starts at
-    step 0 trains from scratch. Order and keys are unchanged."""
+    step 0, or shorter than its warmup, trains from scratch. Order and keys are unchanged."""
     groups: dict[str, list[int]] = defaultdict(list)
     for i, u in enumerate(units):
         sig = _signature(u)
@@ -52,7 +52,8 @@ def share_trunks(units: list[Unit]) -> list[Unit]:
             if i == trunk_i:
                 continue
             step = cooldown_start(units[i].train)  # the rule the schedule itself follows
-            if step > 0:
+            # a budget shorter than the warmup warms up over its own steps, not the trunk's: it trains alone
+            if step > 0 and units[i].train.steps - 1 >= units[i].train.warmup_steps:
                 points.add(step)
                 out[i] = replace(units[i], trunk_key=trunk.key, branch_step=step)
         out[trunk_i] = replace(trunk, branch_points=tuple(sorted(points)))
