@@ -17,6 +17,18 @@ from orchestration.report.stats import t_interval
 LADDER = [96, 210, 459, 1004, 2196, 4800]
 
 
+def run(arm, seed, steps, loss, f=None):
+    """A finished run of the savings accounting: a from-scratch curve point, or (f given) a pruned run at F = f."""
+    from orchestration.report.read import Run
+
+    tags = {"headroom.arm": arm, "headroom.scale": "xs", "headroom.family": "decoder", "headroom.ratio": "0.5",
+            "headroom.seed": str(seed), "headroom.scope": "per_layer", "headroom.schedule": "one_shot",
+            "headroom.method": "gradient" if arm == "pruned" else "none", "headroom.stage": "train"}
+    if f is not None:
+        tags.update({"headroom.finetune_steps": str(f), "headroom.stage": "prune"})
+    return Run("id", "n", "FINISHED", tags, {"final/id/loss": loss}, {"steps": str(steps)})
+
+
 def _row(f: int, diffs: list[float], control: str = "scratch_e") -> Comparison:
     ci = t_interval(diffs)
     return Comparison(scale="xs", family="decoder", ratio=0.5, heads_dense=8, heads_kept=4, method="gradient",
@@ -90,17 +102,8 @@ def test_planted_savings_factors_are_covered():
     each run ±0.003 of noise; the pruned start at F reaches L(c·F): the 95% interval of the savings factor covers c
     in at least 85% of sweeps at c = 2 and c = 8."""
     from orchestration.report.curves import savings
-    from orchestration.report.read import Run
 
     budgets = [300, 600, 1200, 2400, 4800, 9600, 12000, 20000]
-
-    def run(arm, seed, steps, loss, f=None):
-        tags = {"headroom.arm": arm, "headroom.scale": "xs", "headroom.family": "decoder", "headroom.ratio": "0.5",
-                "headroom.seed": str(seed), "headroom.scope": "per_layer", "headroom.schedule": "one_shot",
-                "headroom.method": "gradient" if arm == "pruned" else "none", "headroom.stage": "train"}
-        if f is not None:
-            tags.update({"headroom.finetune_steps": str(f), "headroom.stage": "prune"})
-        return Run("id", "n", "FINISHED", tags, {"final/id/loss": loss}, {"steps": str(steps)})
 
     rng = random.Random(4)
     for c in (2.0, 8.0):
@@ -144,15 +147,6 @@ def test_censored_seeds_bound_the_savings_at_their_bounds_and_broken_runs_give_n
     """Seed A matches 0.5 F steps, seed B's pruned loss is below its longest run (4 F): the factor is bounded by
     the geometric mean with B at its bound, √(0.5 · 4) ≈ 1.41, not by B's 4. A NaN curve point is dropped."""
     from orchestration.report.curves import savings
-    from orchestration.report.read import Run
-
-    def run(arm, seed, steps, loss, f=None):
-        tags = {"headroom.arm": arm, "headroom.scale": "xs", "headroom.family": "decoder", "headroom.ratio": "0.5",
-                "headroom.seed": str(seed), "headroom.scope": "per_layer", "headroom.schedule": "one_shot",
-                "headroom.method": "gradient" if arm == "pruned" else "none", "headroom.stage": "train"}
-        if f is not None:
-            tags.update({"headroom.finetune_steps": str(f), "headroom.stage": "prune"})
-        return Run("id", "n", "FINISHED", tags, {"final/id/loss": loss}, {"steps": str(steps)})
 
     runs = [run("scratch_curve", s, b, v) for s in (0, 1) for b, v in ((25, 2.0), (100, 1.0), (400, 0.5))]
     runs += [run("scratch_curve", 0, 200, math.nan)]
