@@ -16,7 +16,6 @@ import argparse
 import json
 from pathlib import Path
 
-
 from measure import at_least, interleave, ratio_result, timed  # noqa: E402
 
 
@@ -35,10 +34,10 @@ def main(argv=None) -> dict:
 
     import torch
 
-    from lightning_modules.config import DataConfig, model_config_for, train_config_for
-    from lightning_modules.data import HeadroomData
-    from lightning_modules.models import build_model, token_losses
-    from lightning_modules.scoring import score_ablation
+    from lightning_modules.data.datamodule import HeadroomData
+    from lightning_modules.declarations.config import DataConfig, model_config_for, train_config_for
+    from lightning_modules.models.build import build_model, token_losses
+    from lightning_modules.pruning.scoring import score_ablation
 
     mcfg = model_config_for(args.scale, args.family)
     tcfg = train_config_for(args.scale, batch_size=args.batch_size, seq_len=args.seq_len)

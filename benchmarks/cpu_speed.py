@@ -9,7 +9,7 @@ side in one run and written to JSON. Goal: every scale at ≥ 50% of the peak of
 - Per scale, four sides measured interleaved (benchmarks/measure.py): the sweep's Lightning training step and a
   plain PyTorch loop (same model, data, optimizer, clipping, schedule: benchmarks/train_overhead.py), each in fp32
   and bf16-mixed (autocast, fp32 weights). Achieved FLOP/s = tokens/s × training FLOPs per token
-  (lightning_modules/costs.py: 3 × the forward matmuls, attention scores included); the fraction of the peak is
+  (lightning_modules/declarations/costs.py: 3 × the forward matmuls, attention scores included); the fraction of the peak is
   per round (a round's tokens/s over the peak), so its interval is that of the median.
 - `bf16_speedup`: bf16-mixed ÷ fp32 tokens/s of the Lightning step per round. `final_train_loss` of each side (the
   same data and initialisation) is there to see that each side trained, not to judge precision: that is the bf16
@@ -69,9 +69,9 @@ def main(argv=None) -> dict:
 
     import torch
 
-    from lightning_modules.config import DataConfig, model_config_for, train_config_for
-    from lightning_modules.costs import train_flops_per_token
-    from lightning_modules.data import HeadroomData
+    from lightning_modules.data.datamodule import HeadroomData
+    from lightning_modules.declarations.config import DataConfig, model_config_for, train_config_for
+    from lightning_modules.declarations.costs import train_flops_per_token
 
     warnings.filterwarnings("ignore")
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)

@@ -88,8 +88,8 @@ def watch():
         time.sleep(0.02)
 threading.Thread(target=watch, daemon=True).start()
 t0 = time.perf_counter()
-from lightning_modules.config import DataConfig
-from lightning_modules.prepared import prepare
+from lightning_modules.declarations.config import DataConfig
+from lightning_modules.data.prepared import prepare
 p = prepare(DataConfig(source=sys.argv[1], tokenizer="bpe", bpe_vocab_size=int(sys.argv[2])))
 for split in p.streams:
     if split != "train":
@@ -102,8 +102,8 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss_mb": resource.g
 _TRIAL = """
 import json, resource, sys, time
 import torch  # before the clock: a trial has it loaded already
-from lightning_modules.config import DataConfig, TrainConfig
-from lightning_modules.data import HeadroomData
+from lightning_modules.declarations.config import DataConfig, TrainConfig
+from lightning_modules.data.datamodule import HeadroomData
 t0 = time.perf_counter()
 cfg = DataConfig(source=sys.argv[1], tokenizer="bpe", bpe_vocab_size=int(sys.argv[2]))
 tc = TrainConfig(steps=1000, seq_len=int(sys.argv[3]), batch_size=16, val_batches=4, eval_batches=16)

@@ -1,12 +1,12 @@
 """Peak accelerator memory of a sweep's training and evaluation, per configuration, and where evaluation ran.
 
 For each `--configs` entry (scale:batch:seq_len:precision) it trains a decoder for `--steps` steps through
-lightning_modules.train.train_lm (what a trial does), on the embedded corpus, and records:
+lightning_modules.training.loop.train_lm (what a trial does), on the embedded corpus, and records:
   - the peak memory allocated by torch during the fit (torch.cuda.max_memory_allocated, reset before it),
   - the peak during the final evaluation, and the device every final evaluation ran on,
-  - the device the recovery fine-tune (lightning_modules.pruning.finetune) hands its model back on,
+  - the device the recovery fine-tune (lightning_modules.pruning.recover.finetune) hands its model back on,
   - tokens/s of the fit.
-Written to JSON beside the plan's estimate for the same trial (lightning_modules.memory) and their ratio. On a
+Written to JSON beside the plan's estimate for the same trial (lightning_modules.declarations.memory) and their ratio. On a
 machine without CUDA it says so in one line and exits 2, unless `--device cpu` (then it records the devices only:
 a CPU has no allocator peak; benchmarks/plan_memory.py checks the estimate on the CPU).
 
@@ -24,15 +24,14 @@ import warnings
 from pathlib import Path
 
 
-
 def measure(spec: str, steps: int, device: str) -> dict:
     import torch
 
-    import lightning_modules.train as T
-    from lightning_modules.config import DataConfig, model_config_for, train_config_for
-    from lightning_modules.costs import param_counts
-    from lightning_modules.memory import train_memory
-    from lightning_modules.pruning import finetune
+    import lightning_modules.training.loop as T
+    from lightning_modules.declarations.config import DataConfig, model_config_for, train_config_for
+    from lightning_modules.declarations.costs import param_counts
+    from lightning_modules.declarations.memory import train_memory
+    from lightning_modules.pruning.recover import finetune
 
     scale, batch, seq_len, precision = spec.split(":")
     cuda = device == "cuda"

@@ -8,7 +8,7 @@ Fields (null, with the reason under "missing", where a benchmark did not run or 
     the check sweep recorded eval_device cuda (the sweep is left out where Ray or MLflow is not installed);
   - mfu / tokens_per_s: the training step's model-FLOPs utilisation and throughput per scale (train_overhead);
   - peak_memory: per configuration, torch's peak allocation while training and evaluating, the plan's estimate
-    (lightning_modules.memory) and their ratio (gpu_memory);
+    (lightning_modules.declarations.memory) and their ratio (gpu_memory);
   - ablation_speedup: batched ÷ one-mask-per-pass ablation (ablation_batched);
   - pruned_latency: dense, masked and pruned latency per ratio in the benchmark's dtype, and the speedups
     (prune_speed).

@@ -5,7 +5,7 @@ predicted from forward FLOPs, written to JSON. Goal: |onnxruntime's measured ÷ 
     python benchmarks/onnx_latency.py [--scale s] [--batch-size 16] [--seq-len 128] [--repeats 9] [--passes 5]
 
 The dense model and, per ratio, the model with that fraction of each layer's heads removed (random scores: which
-heads go does not change the cost) are exported once through lightning_modules/export.py (transformers' ONNX
+heads go does not change the cost) are exported once through lightning_modules/models/export.py (transformers' ONNX
 exporter; each graph checked against PyTorch on export). Per ratio four sides are timed interleaved on the same
 batch (benchmarks/measure.py): onnxruntime dense and pruned, PyTorch dense and pruned, an untimed warm-up round,
 then `--repeats` rounds of one measurement each (the mean of `--passes` forward passes), the order rotating. Both
@@ -30,9 +30,10 @@ GOAL = (0.9, 1.1)  # measured ÷ predicted speedup
 
 def measure(args, dense, cfg, session, ms, torch_side, feed, f_dense) -> tuple[list, list]:
     """Per ratio: the pruned graph exported and checked, the four sides timed interleaved."""
-    from lightning_modules.heads import prune_heads
-    from lightning_modules.pruning import forward_flops, heads_to_keep
-    from lightning_modules.scoring import score_random
+    from lightning_modules.models.heads import prune_heads
+    from lightning_modules.pruning.choose import heads_to_keep
+    from lightning_modules.pruning.measure import forward_flops
+    from lightning_modules.pruning.scoring import score_random
 
     dense_ort, dense_check = session(dense, "dense")
     rows, samples = [], []
@@ -79,7 +80,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--tiny", action="store_true", help="CI's size: xs, batch 2 x 32, ratio 0.5, 2 rounds of 1 pass")
     ap.add_argument("--out", default="benchmarks/results/onnx_latency.json")
     args = ap.parse_args(argv)
-    from lightning_modules.export import missing_onnx_packages
+    from lightning_modules.models.export import missing_onnx_packages
 
     if missing_onnx_packages():
         print(f"onnx_latency: needs {', '.join(missing_onnx_packages())}: pip install -e \".[onnx]\"", file=sys.stderr)
@@ -91,10 +92,10 @@ def main(argv=None) -> dict:
     import onnxruntime as ort
     import torch
 
-    from lightning_modules.config import model_config_for
-    from lightning_modules.export import write_onnx
-    from lightning_modules.models import build_model
-    from lightning_modules.pruning import forward_flops
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.models.build import build_model
+    from lightning_modules.models.export import write_onnx
+    from lightning_modules.pruning.measure import forward_flops
 
     cfg = model_config_for(args.scale, args.family)
     dense = build_model(cfg, seed=0).eval()

@@ -1,4 +1,4 @@
-"""The plan's memory estimate (lightning_modules.memory) against the peak RSS of real training and scoring on the
+"""The plan's memory estimate (lightning_modules.declarations.memory) against the peak RSS of real training and scoring on the
 CPU.
 
 For each `--configs` entry (family:scale:batch:seq_len:precision:vocab, then optionally `:kd=SCALE` for a student
@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lightning_modules.methods import GPU_ABLATION_ROWS as ROWS  # ablation's rows a pass on a GPU
+from lightning_modules.declarations.methods import GPU_ABLATION_ROWS as ROWS  # ablation's rows a pass on a GPU
 
 ROOT = Path(__file__).resolve().parents[1]
 BAND = (0.7, 1.1)  # measured ÷ estimated: never more than 10% over the plan, at most 30% under it
@@ -39,9 +39,9 @@ TINY = ("decoder:s:16:128:32-true:2048,encoder:s:16:128:bf16-mixed:260,decoder:x
 
 CHILD = r"""
 import gc, json, sys, torch
-from lightning_modules.config import TrainConfig, model_config_for
-from lightning_modules.lm import make_optimizer
-from lightning_modules.models import build_model, token_losses
+from lightning_modules.declarations.config import TrainConfig, model_config_for
+from lightning_modules.training.lm import make_optimizer
+from lightning_modules.models.build import build_model, token_losses
 
 def kb(field):
     for line in open("/proc/self/status"):
@@ -62,7 +62,7 @@ def measure(spec):
     model = build_model(mc, seed=0).train()
     loss_fn = token_losses
     if "kd" in extra:  # distilled from a teacher of that dense scale, as a scratch_kd control or distilled recovery
-        from lightning_modules.distill import LogitDistillation
+        from lightning_modules.training.distill import LogitDistillation
         loss_fn = LogitDistillation(build_model(model_config_for(extra["kd"], family=family, vocab_size=vocab), seed=1))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 256, (batch, seq), generator=g)
@@ -70,7 +70,7 @@ def measure(spec):
     weights = sum(p.numel() * p.element_size() for m in {model, getattr(loss_fn, "teacher", model)}
                   for p in set(m.parameters()))
     if "score" in extra:  # a prune trial's scoring, the dense model's weights held (ablation at a GPU's rows)
-        from lightning_modules.scoring import score_heads
+        from lightning_modules.pruning.scoring import score_heads
         opts = {"max_rows": ROWS} if extra["score"] == "ablation" else {}
         score_heads(model, [data], extra["score"], **opts)  # warm-up: the gate and kernels set up once
         return {"scoring": window(lambda: score_heads(model, [data], extra["score"], **opts)) + weights}
@@ -102,9 +102,9 @@ for spec in sys.argv[1:]:
 
 def estimate(spec: str) -> dict:
     """The plan's figures for a configuration: {"train", "evaluation", ...} or, for a scoring one, {"scoring"}."""
-    from lightning_modules.config import model_config_for
-    from lightning_modules.memory import train_memory
-    from lightning_modules.methods import get_method
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.declarations.memory import train_memory
+    from lightning_modules.declarations.methods import get_method
 
     family, scale, batch, seq, precision, vocab, *extra = spec.split(":")
     extra = dict(e.split("=") for e in extra)

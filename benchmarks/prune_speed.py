@@ -17,7 +17,6 @@ import argparse
 import copy
 import statistics
 
-
 from measure import interleave, summarize, timed, write_speedups  # noqa: E402
 
 GOAL = (0.9, 1.1)  # measured ÷ predicted speedup
@@ -40,11 +39,12 @@ def main(argv=None) -> dict:
 
     import torch
 
-    from lightning_modules.config import model_config_for
-    from lightning_modules.heads import head_gate, prune_heads
-    from lightning_modules.models import build_model
-    from lightning_modules.pruning import forward_flops, heads_to_keep
-    from lightning_modules.scoring import score_random
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.models.build import build_model
+    from lightning_modules.models.heads import head_gate, prune_heads
+    from lightning_modules.pruning.choose import heads_to_keep
+    from lightning_modules.pruning.measure import forward_flops
+    from lightning_modules.pruning.scoring import score_random
 
     cfg = model_config_for(args.scale, args.family)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device

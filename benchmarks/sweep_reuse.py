@@ -40,8 +40,8 @@ def naive_trial(config):
     """The baseline: train this unit's dense model, then prune it — in one trial, every time."""
     from ray import tune
 
-    from lightning_modules.pruning import run_prune
-    from lightning_modules.train import set_threads, train_lm
+    from lightning_modules.pruning.run import run_prune
+    from lightning_modules.training.loop import set_threads, train_lm
     from orchestration.running.callbacks import ReportAtValidation, StepHistory
     from orchestration.running.ddp import Session
     from orchestration.running.frameworks import quiet_frameworks
@@ -109,7 +109,7 @@ def main() -> int:
         # the naive grid, in the same Ray session, with the same units
         from ray import tune
 
-        from lightning_modules.prepared import data_identity
+        from lightning_modules.data.prepared import data_identity
 
         ident = data_identity(sweep.data)
         dense_units = [u for u in train_units(sweep, ident.data_hash, None, ident.vocab_size) if u.arm == "dense"]

@@ -22,7 +22,6 @@ import json
 import time
 from pathlib import Path
 
-
 from measure import at_least, combine, interleave, ratio_result  # noqa: E402
 
 
@@ -31,8 +30,8 @@ def steps_per_s(model_cfg, train_cfg, batches, *, attention="sdpa", compile_back
     """Training tokens/s of `len(batches) - warmup` timed steps (forward, backward, AdamW) of a fresh model."""
     import torch
 
-    from lightning_modules.lm import make_optimizer
-    from lightning_modules.models import build_model, mean_loss, set_attention
+    from lightning_modules.models.build import build_model, mean_loss, set_attention
+    from lightning_modules.training.lm import make_optimizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = build_model(model_cfg, seed=0).to(device).train()
@@ -82,8 +81,8 @@ def main(argv=None) -> dict:
 
     import torch
 
-    from lightning_modules.config import DataConfig, model_config_for, train_config_for
-    from lightning_modules.data import HeadroomData
+    from lightning_modules.data.datamodule import HeadroomData
+    from lightning_modules.declarations.config import DataConfig, model_config_for, train_config_for
 
     warnings.filterwarnings("ignore")
     logging.getLogger("torch").setLevel(logging.ERROR)

@@ -2,7 +2,7 @@
 schedule, measured side by side in one process, written to JSON. Goal: ratio (Lightning ÷ plain) ≥ 0.9.
 
 On a GPU it also measures MFU at `--mfu-scales` (default l and xl): the model FLOP/s a sweep's training step
-achieves (tokens/s × 3 × forward FLOPs per token, as lightning_modules/costs.py counts them) ÷ the device's
+achieves (tokens/s × 3 × forward FLOPs per token, as lightning_modules/declarations/costs.py counts them) ÷ the device's
 peak, measured on the spot with a large bf16 matmul (no table of device names). Training as a sweep trains there: Lightning,
 bf16-mixed, SDPA attention, fused AdamW. Goal: MFU ≥ 0.4 at xl. Without a GPU the JSON says MFU was not measured.
 
@@ -24,7 +24,6 @@ import time
 import warnings
 from pathlib import Path
 
-
 from measure import at_least, interleave, ratio_result  # noqa: E402
 
 
@@ -32,8 +31,8 @@ def plain_loop(model_cfg, train_cfg, dm, warmup: int) -> tuple[float, float, int
     """(tokens/s in the timed window, the last step's training loss, tokens in the window)."""
     import torch
 
-    from lightning_modules.lm import make_optimizer
-    from lightning_modules.models import build_model, mean_loss
+    from lightning_modules.models.build import build_model, mean_loss
+    from lightning_modules.training.lm import make_optimizer
 
     # on the device the Lightning side trains on (Lightning's accelerator="auto": the GPU when there is one)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -67,8 +66,8 @@ def lightning_run(model_cfg, train_cfg, dm, warmup: int) -> tuple[float, float, 
     """As plain_loop, through the LightningModule and Trainer a sweep uses."""
     from pytorch_lightning.callbacks import Callback
 
-    from lightning_modules.lm import HeadroomLM
-    from lightning_modules.train import build_trainer
+    from lightning_modules.training.lm import HeadroomLM
+    from lightning_modules.training.loop import build_trainer
 
     class Window(Callback):
         t_start, tokens, loss = None, 0, None
@@ -110,9 +109,9 @@ def measure_peak_bf16(n: int = 8192, repeats: int = 20) -> float:
 
 def mfu(scales: list[str], family: str, steps: int, warmup: int) -> dict:
     """{"peak_flops", scale: {"tokens_per_s", "model_flops_per_s", "mfu", ...}} on the GPU."""
-    from lightning_modules.config import DataConfig, model_config_for, train_config_for
-    from lightning_modules.costs import flops_per_token
-    from lightning_modules.data import HeadroomData
+    from lightning_modules.data.datamodule import HeadroomData
+    from lightning_modules.declarations.config import DataConfig, model_config_for, train_config_for
+    from lightning_modules.declarations.costs import flops_per_token
 
     peak = measure_peak_bf16()
     out: dict = {"peak_flops": peak, "peak_method": "best of 20 bf16 8192x8192x8192 matmuls"}
@@ -148,8 +147,8 @@ def main(argv=None) -> dict:
 
     import torch
 
-    from lightning_modules.config import DataConfig, model_config_for, train_config_for
-    from lightning_modules.data import HeadroomData
+    from lightning_modules.data.datamodule import HeadroomData
+    from lightning_modules.declarations.config import DataConfig, model_config_for, train_config_for
 
     warnings.filterwarnings("ignore")
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)

@@ -58,8 +58,8 @@ def xs_decoder_metrics(xs_decoder_run) -> dict:
 @pytest.fixture(scope="session")
 def xs_encoder(cache_dir):
     """An xs encoder trained in-process with the same code the CLI uses; returns the TrainResult."""
-    from lightning_modules.config import DataConfig, model_config_for, train_config_for
-    from lightning_modules.train import train_lm
+    from lightning_modules.declarations.config import DataConfig, model_config_for, train_config_for
+    from lightning_modules.training.loop import train_lm
 
     return train_lm(model_config_for("xs", "encoder"), train_config_for("xs", steps=ENCODER_STEPS, seed=0, eval_batches=16),
                     DataConfig(), progress=False)

@@ -267,9 +267,9 @@ def test_plan_memory_measures_real_training_steps_against_the_plan(tmp_path):
     """The plan's estimate against the peak RSS of real training, evaluation and scoring on the CPU: the JSON's
     ratios are its own measurements over the estimates recomputed here, and nothing ever needed more than the plan
     gives it (an undercount would overpack GPUs). Memory, unlike time, does not flake with the machine's load."""
-    from lightning_modules.config import model_config_for
-    from lightning_modules.memory import train_memory
-    from lightning_modules.methods import get_method
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.declarations.memory import train_memory
+    from lightning_modules.declarations.methods import get_method
 
     res = _run("plan_memory.py", tmp_path / "m.json", "--tiny")
     assert res["benchmark"] == "plan_memory" and res["size"] == "tiny" and len(res["rows"]) == 5
@@ -343,8 +343,8 @@ def test_ladder_writes_json_through_headroom_bench(tmp_path, cache_dir):
 def test_cpu_speed_writes_json_through_headroom_bench(tmp_path, cache_dir):
     """Four sides interleaved per scale; each fraction of the peak is recomputed from its own rounds, the measured
     peak and the training FLOPs per token (counted by hand from the config); bf16 ÷ fp32 from the same rounds."""
-    from lightning_modules.config import model_config_for
-    from lightning_modules.costs import flops_per_token
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.declarations.costs import flops_per_token
 
     r = subprocess.run([sys.executable, "-m", "orchestration.cli", "bench", "cpu_speed", "--tiny", "--out-dir",
                         str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -366,8 +366,8 @@ def test_cpu_speed_writes_json_through_headroom_bench(tmp_path, cache_dir):
 def test_onnx_latency_writes_json_through_headroom_bench(tmp_path):
     """Four sides interleaved (onnxruntime and PyTorch, dense and pruned); the graphs match PyTorch on export; the
     speedup is the median of its own rounds and the prediction is the FLOP count's (hand-checked below)."""
-    from lightning_modules.config import model_config_for
-    from lightning_modules.costs import flops_per_token
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.declarations.costs import flops_per_token
 
     r = subprocess.run([sys.executable, "-m", "orchestration.cli", "bench", "onnx_latency", "--tiny", "--out-dir",
                         str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)

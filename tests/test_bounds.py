@@ -16,8 +16,8 @@ import yaml
 from pydantic import BaseModel
 from test_spec import GOOD
 
-from lightning_modules.bounds import MAX_INT, MAX_SEED
-from lightning_modules.config import HeadroomInputError
+from lightning_modules.declarations.bounds import MAX_INT, MAX_SEED
+from lightning_modules.declarations.config import HeadroomInputError
 from orchestration.design.schema import Sweep
 from orchestration.design.spec import parse_sweep
 

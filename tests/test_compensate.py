@@ -1,4 +1,4 @@
-"""FLAP's bias compensation (lightning_modules/compensate.py): given the dense model's input to each attention layer,
+"""FLAP's bias compensation (lightning_modules/pruning/compensate.py): given the dense model's input to each attention layer,
 the pruned and compensated layer's mean output over the calibration tokens is the dense layer's — on headroom's
 decoder (a Llama without attention biases, which compensation gives one), a GPT-2 and a BERT; without compensation
 it is not. The compensated model saves and loads (headroom's loader, and plain transformers for a uniform Llama),
@@ -11,16 +11,15 @@ import copy
 import pytest
 import torch
 
-from lightning_modules.compensate import output_means
-from lightning_modules.families import family_of
-from lightning_modules.heads import prune_heads
+from lightning_modules.models.families import family_of
+from lightning_modules.pruning.compensate import output_means, prune_compensated
 
 KEEP = [[0, 2], [1, 3]]  # two of four heads in each of two layers
 
 
 def _llama():
-    from lightning_modules.config import model_config_for
-    from lightning_modules.models import build_model
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.models.build import build_model
 
     return build_model(model_config_for("xs", n_heads=4), seed=0).eval()
 
@@ -74,7 +73,7 @@ def test_the_compensated_layer_keeps_its_mean_output(make):
     ins, outs = _layer_io(dense, batches)
     results = {}
     for compensated in (True, False):
-        pruned = prune_heads(copy.deepcopy(dense), KEEP, output_means(dense, batches) if compensated else None)
+        pruned = prune_compensated(copy.deepcopy(dense), KEEP, output_means(dense, batches) if compensated else None)
         fam = family_of(pruned)
         gaps = []
         for l, attn in enumerate(fam.attentions(pruned)):
@@ -96,11 +95,11 @@ def test_a_compensated_llama_saves_and_loads_with_its_bias(tmp_path):
     logits as the model in memory, and its config says attention_bias."""
     from transformers import AutoModelForCausalLM
 
-    from lightning_modules.models import load_model, save_model
+    from lightning_modules.models.build import load_model, save_model
 
     dense = _llama()
     batches = _batches()
-    pruned = prune_heads(copy.deepcopy(dense), KEEP, output_means(dense, batches))
+    pruned = prune_compensated(copy.deepcopy(dense), KEEP, output_means(dense, batches))
     assert pruned.config.attention_bias and pruned.model.layers[0].self_attn.o_proj.bias.abs().sum() > 0
     save_model(pruned, tmp_path / "m")
     x = batches[0]["input_ids"]
@@ -115,13 +114,13 @@ def test_a_llama_layer_that_keeps_every_head_gets_zero_biases_too(tmp_path):
     would not load (grouped-query attention here: 4 query heads on 2 key/value heads)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lightning_modules.models import load_model, save_model
+    from lightning_modules.models.build import load_model, save_model
 
     torch.manual_seed(0)
     dense = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                          num_key_value_heads=2, intermediate_size=64)).eval()
     batches = _batches()
-    pruned = prune_heads(copy.deepcopy(dense), [[0, 1], [0, 1, 2, 3]], output_means(dense, batches))
+    pruned = prune_compensated(copy.deepcopy(dense), [[0, 1], [0, 1, 2, 3]], output_means(dense, batches))
     kept = pruned.model.layers[1].self_attn
     assert kept.o_proj.bias is not None and kept.o_proj.bias.abs().sum() == 0
     save_model(pruned, tmp_path / "m")
@@ -134,10 +133,11 @@ def test_the_plan_compensates_for_flap_and_charges_one_forward_pass():
     """flap's recipe compensates, the others' does not, a sweep's `bias_compensation` overrides either; a unit's key
     changes exactly when what its prune does changes (gradient set to false keeps its key, flap's does not); the
     charge is one more forward pass per calibration token."""
-    from lightning_modules.methods import scoring_flops
+    from test_spec import GOOD
+
+    from lightning_modules.declarations.methods import scoring_flops
     from orchestration.design.plan import build_plan
     from orchestration.design.spec import parse_sweep
-    from test_spec import GOOD
 
     text = GOOD.replace("methods: [gradient, random]", "methods: [flap, gradient]")
     units = {s: build_plan(parse_sweep(text.replace("methods: [flap, gradient]", f"methods: [flap, gradient]{s}")),

@@ -3,7 +3,7 @@
 
 import pytest
 
-from lightning_modules.config import (
+from lightning_modules.declarations.config import (
     SCALES,
     HeadroomInputError,
     ModelConfig,
@@ -14,7 +14,7 @@ from lightning_modules.config import (
     train_config_for,
     wide_head_dim,
 )
-from lightning_modules.costs import flops_per_token, param_counts, scratch_b_steps, train_flops_per_token
+from lightning_modules.declarations.costs import flops_per_token, param_counts, scratch_b_steps, train_flops_per_token
 
 
 def test_presets_follow_the_design():
@@ -108,7 +108,7 @@ def test_the_pruned_arms_compute_by_hand():
     """costs.arm_flops_per_token, per training-step token, forward costs 10 (dense) and 4 (pruned): 5 dense steps
     (3 × 10 each), 2 forward passes of scoring (2 × 10), 3 distilled recovery steps (3 × 4 + a teacher pass of 10
     each) and 7 continued steps at pruned size without a teacher (3 × 4 each)."""
-    from lightning_modules.costs import arm_flops_per_token
+    from lightning_modules.declarations.costs import arm_flops_per_token
 
     assert arm_flops_per_token(10, 4, 5, 3, distill=True, scoring_passes=2, continued_steps=7) == \
         5 * 30 + 2 * 10 + 3 * (12 + 10) + 7 * 12
@@ -132,8 +132,8 @@ def test_scratch_b_steps_hand_computed():
     ("s", 2, None, None), ("s", None, None, [1, 8, 4, 6]),
 ])
 def test_param_counts_match_built_models(family, scale, heads, head_dim, per_layer):
-    from lightning_modules.families import layer_heads
-    from lightning_modules.models import build_model, count_parameters
+    from lightning_modules.models.build import build_model, count_parameters
+    from lightning_modules.models.families import layer_heads
 
     cfg = model_config_for(scale, family, n_heads=heads, head_dim=head_dim, heads_per_layer=per_layer)
     model = build_model(cfg, seed=0)
@@ -145,7 +145,7 @@ def test_param_counts_match_built_models(family, scale, heads, head_dim, per_lay
 def test_kept_counts_by_hand():
     """How many heads a prune keeps, decided once for the pruner, the prune curve and --plan's rows: per layer
     n − round(ratio·n), never below one; globally round(ratio·N) go, never a layer's last."""
-    from lightning_modules.config import kept_counts
+    from lightning_modules.declarations.config import kept_counts
 
     assert kept_counts([8, 8], 0.5, "per_layer") == ([4, 4], 8)
     assert kept_counts([8, 6], 0.25, "per_layer") == ([6, 4], 10)  # round(1.5) = 2 (halves up)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_modules.config import DataConfig, HeadroomInputError, TrainConfig, train_config_for
-from lightning_modules.corpus import STDLIB_SHIFT_PACKAGES, check_source, load_corpus, stdlib_files
-from lightning_modules.data import MQAR, EvalWindows, HeadroomData, TrainWindows, mlm_mask
-from lightning_modules.tokens import make_tokenizer, unigram_entropy_of
+from lightning_modules.data.corpus import STDLIB_SHIFT_PACKAGES, check_source, load_corpus, stdlib_files
+from lightning_modules.data.datamodule import MQAR, EvalWindows, HeadroomData, TrainWindows, mlm_mask
+from lightning_modules.data.tokens import make_tokenizer, unigram_entropy_of
+from lightning_modules.declarations.config import DataConfig, HeadroomInputError, TrainConfig, train_config_for
 
 
 def _digest(text: str) -> str:
@@ -131,7 +131,7 @@ def test_bpe_trained_on_train_split_and_cached(tmp_path, cache_dir):
 def test_subword_streams_are_prepared_once(tmp_path, cache_dir):
     """The second data module on the same source reads the prepared streams the first wrote (their equality with
     a fresh encoding is tests/test_prepared.py's)."""
-    from lightning_modules.data import HeadroomData
+    from lightning_modules.data.datamodule import HeadroomData
 
     _write_corpus(tmp_path / "c", 60)
     cfg = DataConfig(source=f"path:{tmp_path}/c/*.txt", tokenizer="bpe", bpe_vocab_size=300)
@@ -243,7 +243,7 @@ def test_duplicate_documents_are_removed_before_splitting(tmp_path):
     shifted = _write_corpus(tmp_path / "s", 3, prefix="shifted", words=("zeta", "eta"))
     (tmp_path / "c" / "leak.txt").write_text((shifted / "shifted001.txt").read_text())
     corpus = load_corpus(DataConfig(source=f"path:{tmp_path}/c/*.txt", shift=f"path:{tmp_path}/s/*.txt"))
-    from lightning_modules.corpus import normalised_hash
+    from lightning_modules.data.corpus import normalised_hash
 
     where = {}
     for split, docs in corpus.splits.items():
@@ -256,7 +256,7 @@ def test_duplicate_documents_are_removed_before_splitting(tmp_path):
 
 
 def test_window_hashes_equal_a_direct_polynomial():
-    from lightning_modules.decontaminate import _HASH_BASE, window_hashes
+    from lightning_modules.data.decontaminate import _HASH_BASE, window_hashes
 
     rng = np.random.default_rng(0)
     x = rng.integers(0, 300, 500).astype(np.int32)
@@ -272,7 +272,7 @@ def test_window_hashes_equal_a_direct_polynomial():
 def test_hashes_at_starts_equal_the_direct_polynomial_and_every_offset_hash():
     """The held-out split's windows are hashed only at their starts (memory of the starts, not of the split): the
     same values as the direct polynomial and as window_hashes at those offsets, for both stream dtypes."""
-    from lightning_modules.decontaminate import _HASH_BASE, hashes_at, window_hashes
+    from lightning_modules.data.decontaminate import _HASH_BASE, hashes_at, window_hashes
 
     rng = np.random.default_rng(1)
     B = int(_HASH_BASE)
@@ -316,9 +316,9 @@ def test_no_eval_window_occurs_in_the_train_stream():
 
 def test_whole_split_evaluation_by_default(tmp_path):
     """eval_batches None scores every clean window of a split (up to the stated cap), and says how many tokens."""
-    from lightning_modules.config import model_config_for
-    from lightning_modules.lm import evaluate
-    from lightning_modules.models import build_model
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.models.build import build_model
+    from lightning_modules.training.lm import evaluate
 
     _write_corpus(tmp_path / "c", 60)
     tcfg = train_config_for("xs", seq_len=64, batch_size=4)

@@ -41,8 +41,8 @@ FAULT_STEP = 15  # after the checkpoint of step 10 (val_every 10): the restart c
 def test_train_two_workers_follows_one_worker(tmp_path, cache_dir):
     """The encoder: masked LM predicts a different number of tokens on each rank, so this also checks that the
     ranks' gradients add up to the global batch's mean-loss gradient (a per-rank mean would not)."""
-    from lightning_modules.config import DataConfig, ModelConfig, TrainConfig
-    from lightning_modules.train import train_lm
+    from lightning_modules.declarations.config import DataConfig, ModelConfig, TrainConfig
+    from lightning_modules.training.loop import train_lm
 
     two = headroom("train", *TRAIN_ARGS, "--workers", 2, "--out", tmp_path / "two")
     assert two.returncode == 0, two.stderr[-3000:]
@@ -82,8 +82,8 @@ def ddp_sweep(tmp_path_factory, cache_dir):
 
 
 def test_sweep_trains_data_parallel_and_resumes_a_killed_worker_from_its_checkpoint(ddp_sweep):
-    from lightning_modules.config import DataConfig, ModelConfig, TrainConfig
-    from lightning_modules.train import train_lm
+    from lightning_modules.declarations.config import DataConfig, ModelConfig, TrainConfig
+    from lightning_modules.training.loop import train_lm
 
     cwd = ddp_sweep
     assert len(list(cwd.glob("ray_results/ddp-????????/fault-fired"))) == 1

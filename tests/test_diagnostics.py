@@ -273,8 +273,8 @@ def test_converged_judges_real_undertrained_models_by_more_training(xs_decoder_m
     schedule: the shared 300-step xs model (tests' fixture) against 150 steps, and 100 steps against 50, same
     settings. Measured: both still gain over 5% per doubling (about 11% and 13%), so neither is called converged,
     and the 100-step model is never passed while the 300-step one fails."""
-    from lightning_modules.config import DataConfig, ModelConfig, TrainConfig
-    from lightning_modules.train import train_lm
+    from lightning_modules.declarations.config import DataConfig, ModelConfig, TrainConfig
+    from lightning_modules.training.loop import train_lm
 
     m = xs_decoder_metrics
     model, train = ModelConfig(**m["model_config"]), TrainConfig(**m["train_config"])

@@ -8,14 +8,14 @@ import pytest
 import torch
 from conftest import ROOT  # noqa: F401 - puts the repository on sys.path
 
-from lightning_modules.config import DataConfig, model_config_for, train_config_for
-from lightning_modules.data import HeadroomData
-from lightning_modules.distill import DistillSpec, LogitDistillation
-from lightning_modules.heads import prune_heads
-from lightning_modules.lm import HeadroomLM, evaluate
-from lightning_modules.models import build_model, load_model, token_losses
-from lightning_modules.prune_plan import PrunePlan
-from lightning_modules.pruning import run_prune
+from lightning_modules.data.datamodule import HeadroomData
+from lightning_modules.declarations.config import DataConfig, model_config_for, train_config_for
+from lightning_modules.declarations.prune_plan import PrunePlan
+from lightning_modules.models.build import build_model, load_model, token_losses
+from lightning_modules.models.heads import prune_heads
+from lightning_modules.pruning.run import run_prune
+from lightning_modules.training.distill import DistillSpec, LogitDistillation
+from lightning_modules.training.lm import HeadroomLM, evaluate
 
 
 def _hand_loss(student, teacher, batch, tau: float, w: float) -> torch.Tensor:
@@ -97,7 +97,7 @@ def test_recovery_by_distillation_trains_on_the_teacher_and_reports_lm_losses(xs
     dense = copy.deepcopy(model)
     plan = PrunePlan(method="magnitude", ratio=0.5, finetune_steps=2, finetune_lr=1e-3)
     seen = []
-    import lightning_modules.lm as lm_mod
+    import lightning_modules.training.lm as lm_mod
 
     orig = lm_mod.HeadroomLM.training_step
 

@@ -1,4 +1,4 @@
-"""Prune timing (lightning_modules/early.py): a dense run keeps checkpoints at chosen steps; pruning one of them and
+"""Prune timing (lightning_modules/pruning/early.py): a dense run keeps checkpoints at chosen steps; pruning one of them and
 training on to T continues the dense run exactly, with only the heads changed.
 
 References: with every head kept, the continued run must end at the dense run's own final weights (schedule, data
@@ -10,16 +10,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_modules.config import DataConfig, model_config_for, train_config_for
-from lightning_modules.prune_plan import PrunePlan
+from lightning_modules.declarations.config import DataConfig, model_config_for, train_config_for
+from lightning_modules.declarations.prune_plan import PrunePlan
 
 T = 12
 
 
 @pytest.fixture(scope="module", params=["decoder", "encoder"])
 def dense_run(request, tmp_path_factory, cache_dir):
-    from lightning_modules.data import HeadroomData
-    from lightning_modules.train import Snapshots, train_lm
+    from lightning_modules.data.datamodule import HeadroomData
+    from lightning_modules.training.loop import Snapshots, train_lm
 
     family = request.param
     snaps = tmp_path_factory.mktemp(f"snapshots-{family}")
@@ -32,7 +32,7 @@ def dense_run(request, tmp_path_factory, cache_dir):
 
 
 def _data(family, train):
-    from lightning_modules.data import HeadroomData
+    from lightning_modules.data.datamodule import HeadroomData
 
     return HeadroomData(DataConfig(), train, family).prepare()
 
@@ -47,7 +47,7 @@ def test_the_dense_run_keeps_complete_checkpoints_at_the_chosen_steps(dense_run)
 
 @pytest.mark.parametrize("step", [0, 6])
 def test_keeping_every_head_continues_the_dense_run_to_its_own_final_weights(dense_run, step):
-    from lightning_modules.early import prune_and_continue
+    from lightning_modules.pruning.early import prune_and_continue
 
     family, train, snaps, result = dense_run
     plan = PrunePlan(method="magnitude", ratio=0.0)  # removes nothing
@@ -61,9 +61,9 @@ def test_keeping_every_head_continues_the_dense_run_to_its_own_final_weights(den
 
 
 def test_pruning_carries_the_moments_of_the_kept_heads(dense_run):
-    from lightning_modules.early import pruned_checkpoint
-    from lightning_modules.heads import attention_modules
-    from lightning_modules.lm import load_lm, optimizer_params
+    from lightning_modules.models.heads import attention_modules
+    from lightning_modules.pruning.early import pruned_checkpoint
+    from lightning_modules.training.lm import load_lm, optimizer_params
 
     family, _, snaps, _ = dense_run
     raw = torch.load(snaps / "step6.ckpt", map_location="cpu", weights_only=False)
@@ -91,8 +91,8 @@ def test_pruning_carries_the_moments_of_the_kept_heads(dense_run):
 
 
 def test_a_missing_snapshot_is_one_clear_error(tmp_path, dense_run):
-    from lightning_modules.config import HeadroomInputError
-    from lightning_modules.early import prune_and_continue
+    from lightning_modules.declarations.config import HeadroomInputError
+    from lightning_modules.pruning.early import prune_and_continue
 
     family, train, _, _ = dense_run
     with pytest.raises(HeadroomInputError, match="did not keep this step"):
@@ -102,8 +102,8 @@ def test_a_missing_snapshot_is_one_clear_error(tmp_path, dense_run):
 @pytest.fixture(scope="module")
 def bf16_run(tmp_path_factory, cache_dir):
     """The decoder's dense run of dense_run at bf16-mixed (Lightning's CPU autocast: what a GPU trains at)."""
-    from lightning_modules.data import HeadroomData
-    from lightning_modules.train import Snapshots, train_lm
+    from lightning_modules.data.datamodule import HeadroomData
+    from lightning_modules.training.loop import Snapshots, train_lm
 
     snaps = tmp_path_factory.mktemp("snapshots-bf16")
     train = train_config_for("xs", steps=T, batch_size=4, seq_len=32, warmup_steps=3, val_every=6, val_batches=1,
@@ -118,7 +118,7 @@ def test_a_prune_during_bf16_training_continues_the_run_and_ablation_scores_it(b
     dense run's own weights (schedule, data, moments and precision carried over); removing half the heads by
     ablation there trains on to T with every loss finite and no better than the dense model's at T by more than
     the tolerance."""
-    from lightning_modules.early import prune_and_continue
+    from lightning_modules.pruning.early import prune_and_continue
 
     train, snaps, result = bf16_run
     keep, _, m = prune_and_continue(snaps / "step6.ckpt", _data("decoder", train), PrunePlan(method="ablation",

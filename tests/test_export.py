@@ -18,9 +18,9 @@ import pytest
 import torch
 from conftest import headroom
 
-from lightning_modules.config import model_config_for
-from lightning_modules.heads import prune_heads
-from lightning_modules.models import build_model, save_model
+from lightning_modules.declarations.config import model_config_for
+from lightning_modules.models.build import build_model, save_model
+from lightning_modules.models.heads import prune_heads
 
 X = torch.tensor([[10, 20, 30, 40, 50, 60, 70, 80], [5, 4, 3, 2, 1, 0, 9, 8]])
 X3 = torch.randint(0, 256, (3, 11), generator=torch.Generator().manual_seed(3))  # not the ONNX export's 2 x 8
@@ -83,7 +83,7 @@ OUTSIDE = textwrap.dedent("""
 def exported(tmp_path_factory):
     """Every case pruned, saved as a run directory and exported (the global one through the CLI, the others
     in-process), then loaded in one process of the bare venv: (headroom's models, the CLI's output, the results)."""
-    from lightning_modules.export import export
+    from lightning_modules.models.export import export
 
     root = tmp_path_factory.mktemp("export")
     models, cases, said = {}, {}, {}
@@ -146,7 +146,7 @@ def test_export_refuses_bad_input_in_one_line(exported, tmp_path):
 def test_a_failed_onnx_check_leaves_nothing_behind(tmp_path, monkeypatch):
     """write_onnx raises when onnxruntime disagrees with PyTorch past its tolerance (here: any difference at all is
     too much); the export then writes nothing — no output directory, no temporary one beside it."""
-    from lightning_modules import export as ex
+    from lightning_modules.models import export as ex
 
     monkeypatch.setattr(ex, "ONNX_ATOL", -1.0)
     model = prune_heads(build_model(model_config_for("xs"), seed=0).eval(), [[0, 3, 5], [1, 2, 4, 6, 7]])

@@ -10,15 +10,15 @@ import textwrap
 import pytest
 import torch
 
-from lightning_modules.config import DataConfig, TrainConfig, model_config_for
-from lightning_modules.costs import flops_per_token, train_flops_per_token
+from lightning_modules.declarations.config import DataConfig, TrainConfig, model_config_for
+from lightning_modules.declarations.costs import flops_per_token, train_flops_per_token
 
 
 def _batches_seen(model_cfg, train_cfg, data, base, start=None):
     """The input batches a recovery fine-tune of `train_cfg.steps` steps trains on (its clock sees each one)."""
-    from lightning_modules.models import build_model
-    from lightning_modules.pruning import finetune
-    from lightning_modules.train import TrainClock
+    from lightning_modules.models.build import build_model
+    from lightning_modules.pruning.recover import finetune
+    from lightning_modules.training.loop import TrainClock
 
     class Recorder(TrainClock):
         def __init__(self):
@@ -36,7 +36,7 @@ def _batches_seen(model_cfg, train_cfg, data, base, start=None):
 
 @pytest.mark.parametrize("source", ["stdlib", "mqar"])
 def test_recovery_fine_tune_continues_the_dense_order_at_step_t_plus_1(source, cache_dir):
-    from lightning_modules.data import HeadroomData
+    from lightning_modules.data.datamodule import HeadroomData
 
     T, F = 7, 3
     dense_cfg = TrainConfig(steps=T, batch_size=4, seq_len=32, seed=3)
@@ -150,9 +150,9 @@ def test_declared_scoring_passes_match_the_flops_the_scorer_runs(method, options
     token (methods.Method.passes, what Scratch-B is charged) are within a few percent of what it runs."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from lightning_modules.methods import get_method
-    from lightning_modules.models import build_model
-    from lightning_modules.scoring import default_loss, score_heads
+    from lightning_modules.declarations.methods import get_method
+    from lightning_modules.models.build import build_model
+    from lightning_modules.pruning.scoring import default_loss, score_heads
 
     cfg = model_config_for("xs")
     model = build_model(cfg, seed=0).eval()

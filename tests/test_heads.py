@@ -9,10 +9,10 @@ import pytest
 import torch
 from tolerance import assert_close_to_scale, assert_detectable
 
-from lightning_modules.config import HeadroomInputError
-from lightning_modules.families import kv_plan, layer_heads, layer_shapes
-from lightning_modules.heads import head_gate, keep_mask, prune_heads
-from lightning_modules.models import load_model, save_model, set_attention, token_losses
+from lightning_modules.declarations.config import HeadroomInputError
+from lightning_modules.models.build import load_model, save_model, set_attention, token_losses
+from lightning_modules.models.families import kv_plan, layer_heads, layer_shapes
+from lightning_modules.models.heads import head_gate, keep_mask, prune_heads
 
 FAMILIES = ["decoder", "encoder", "llama_gqa", "gpt2", "bert"]
 

@@ -4,8 +4,8 @@ strings would be."""
 
 import pytest
 
-from lightning_modules.config import DataConfig, HeadroomInputError
-from lightning_modules.corpus import check_source, load_corpus
+from lightning_modules.data.corpus import check_source, load_corpus
+from lightning_modules.declarations.config import DataConfig, HeadroomInputError
 
 # -------------------------------------------------------------------------------------- hf:NAME[:CFG]
 
@@ -37,8 +37,8 @@ def _reference_hf_splits(d, cfg):
     Arrow tables and digests instead): what every hf: corpus was before the loader streamed."""
     import datasets
 
-    from lightning_modules.corpus import MIN_UNITS, _unit_fraction, normalised_hash
-    from lightning_modules.splits import _blocks
+    from lightning_modules.data.corpus import MIN_UNITS, _unit_fraction, normalised_hash
+    from lightning_modules.data.splits import _blocks
 
     def split_units(units, cfg):  # rank by (hash of the name, name); the first round(f·N) to val, calibration, id
         if len(units) < MIN_UNITS:
@@ -93,7 +93,7 @@ def test_hf_documents_streamed_from_arrow_split_as_lists_of_strings_would_be(tmp
     import json
     import random
 
-    from lightning_modules.arrowdocs import ArrowDocs
+    from lightning_modules.data.arrowdocs import ArrowDocs
 
     rng = random.Random(len(layout) * 1000 + sum(layout.values()))
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
@@ -130,7 +130,7 @@ def test_split_codes_break_ties_of_the_hash_by_the_name_as_a_sort_would():
 
     import numpy as np
 
-    from lightning_modules.splits import SPLIT_ORDER, split_codes
+    from lightning_modules.data.splits import SPLIT_ORDER, split_codes
 
     rng = random.Random(3)
     cfg = DataConfig(val_fraction=0.2, calibration_fraction=0.1, eval_fraction=0.15)

@@ -153,7 +153,7 @@ def test_the_namespace_enforces_pod_security_restricted_and_every_pod_meets_it()
 
 
 # The scales RayJob's head runs the sweep's driver, which prepares TinyStories before the first trial
-# (lightning_modules/prepared.py). Its memory is sized from measurements, not guessed:
+# (lightning_modules/data/prepared.py). Its memory is sized from measurements, not guessed:
 #  - docs/measured/data_scale.json: `python benchmarks/data_scale.py --small-mb 200` on this project's CPU machine
 #    (synthetic TinyStories-shaped corpora of 200 and 800 MB, BPE 8192): the driver's peak RSS as fixed + per GB,
 #    extrapolated to TinyStories' 1.9 GB of text;

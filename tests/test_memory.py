@@ -11,9 +11,9 @@ import torch
 import yaml
 from conftest import ROOT
 
-from lightning_modules.config import ModelConfig, model_config_for
-from lightning_modules.costs import param_counts
-from lightning_modules.memory import (
+from lightning_modules.declarations.config import ModelConfig, model_config_for
+from lightning_modules.declarations.costs import param_counts
+from lightning_modules.declarations.memory import (
     activation_bytes,
     attention_memory,
     backward_memory,
@@ -21,7 +21,7 @@ from lightning_modules.memory import (
     train_memory,
     weights_memory,
 )
-from lightning_modules.models import build_model, token_losses
+from lightning_modules.models.build import build_model, token_losses
 
 
 def _saved_bytes(model, tokens: torch.Tensor, bf16: bool) -> int:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_byte_tokenizer_as_a_transformers_tokenizer_gives_the_same_ids():
-    from lightning_modules.tokens import ByteTokenizer
+    from lightning_modules.data.tokens import ByteTokenizer
 
     byte, tf = ByteTokenizer(), ByteTokenizer.for_transformers()
     text = "def f(x):\n    return 'héllo wörld' + \t\"€\" # ✓ \x00\x7f 🤖"
@@ -78,8 +78,8 @@ def test_a_pruned_model_loads_with_mlflow_transformers_and_computes_what_headroo
     import mlflow
     import torch
 
-    from lightning_modules.models import load_model
-    from lightning_modules.tokens import ByteTokenizer
+    from lightning_modules.data.tokens import ByteTokenizer
+    from lightning_modules.models.build import load_model
 
     c = client(smoke["cwd"])
     _, children = split(runs_of(c, "smoke"))

@@ -4,9 +4,9 @@
 import pytest
 import torch
 
-from lightning_modules.config import HeadroomInputError, model_config_for
-from lightning_modules.families import layer_shapes
-from lightning_modules.models import build_model, load_model, model_config_of, save_model
+from lightning_modules.declarations.config import HeadroomInputError, model_config_for
+from lightning_modules.models.build import build_model, load_model, model_config_of, save_model
+from lightning_modules.models.families import layer_shapes
 
 
 def test_same_seed_same_model_other_seed_other_model():

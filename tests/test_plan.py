@@ -17,8 +17,8 @@ from test_spec import GOOD
 
 
 def test_plan_keys_tags_and_budgets():
-    from lightning_modules.config import model_config_for
-    from lightning_modules.costs import flops_per_token, scratch_b_steps
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.declarations.costs import flops_per_token, scratch_b_steps
     from orchestration.design.plan import prune_units, train_units
     from orchestration.design.spec import parse_sweep
     from orchestration.design.unit import TAG_FIELDS, Unit
@@ -132,7 +132,7 @@ def test_scratch_b_compute_equals_the_pruned_arm_with_the_trained_vocabulary(tmp
     """Scratch-B's steps × its FLOPs per token = T × dense FLOPs + F × pruned FLOPs, within one step, where the
     FLOPs are counted from the modules of models built with the vocabulary the tokenizer really has (the sweep
     driver's `data_identity`), not from the config formula that plans them."""
-    from lightning_modules.prepared import data_identity
+    from lightning_modules.data.prepared import data_identity
     from orchestration.design.plan import global_control_units, prune_units, train_units
     from orchestration.design.preflight import build_on_meta, spread_heads
     from orchestration.design.spec import parse_sweep
@@ -227,8 +227,8 @@ def test_every_shipped_sweep_plans_cleanly_and_wide_is_built_at_every_ratio(tmp_
     import contextlib
     import io
 
-    from lightning_modules.config import heads_removed, model_config_for
-    from lightning_modules.costs import param_counts
+    from lightning_modules.declarations.config import heads_removed, model_config_for
+    from lightning_modules.declarations.costs import param_counts
     from orchestration.cli import main
 
     for name in ("quickstart", "smoke", "scales"):
@@ -373,8 +373,8 @@ def test_wide_is_never_wider_than_the_dense_attention(tmp_path):
 def test_scratch_b_counts_every_candidate_fine_tune():
     """The recovery rate chosen on val trains F steps at each of the grid's rates; the pruned arm spent all of
     them, so Scratch-B's budget holds T × dense + |grid| × F × pruned FLOPs (one F when the rate is fixed)."""
-    from lightning_modules.config import model_config_for, train_config_for
-    from lightning_modules.costs import train_flops_per_token
+    from lightning_modules.declarations.config import model_config_for, train_config_for
+    from lightning_modules.declarations.costs import train_flops_per_token
     from orchestration.design.plan import pruned_arm, train_units
     from orchestration.design.spec import parse_sweep
 

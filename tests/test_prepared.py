@@ -1,4 +1,4 @@
-"""Prepared data (lightning_modules/prepared.py): the driver encodes a source once; a trial maps the streams and
+"""Prepared data (lightning_modules/data/prepared.py): the driver encodes a source once; a trial maps the streams and
 never reads the text. The references: each document encoded on its own the way the loader did before (one
 `encode` per document, eos after each), and `clean_window_starts` run on the streams directly."""
 
@@ -10,14 +10,14 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT
-from lightning_modules.config import DataConfig, HeadroomInputError, TrainConfig
-from lightning_modules.corpus import load_corpus
-from lightning_modules.data import HeadroomData
-from lightning_modules.decontaminate import clean_window_starts
-from lightning_modules.prepared import data_identity, open_prepared, prepare, prepared_root, source_key
-from lightning_modules.tokens import make_tokenizer
+
+from lightning_modules.data.corpus import load_corpus
+from lightning_modules.data.datamodule import HeadroomData
+from lightning_modules.data.decontaminate import clean_window_starts
+from lightning_modules.data.prepared import data_identity, open_prepared, prepare, prepared_root, source_key
+from lightning_modules.data.tokens import make_tokenizer
+from lightning_modules.declarations.config import DataConfig, HeadroomInputError, TrainConfig
 
 
 def _corpus(root, n=60, words=("alpha", "beta", "gamma", "delta", "epsilon")):
@@ -89,8 +89,8 @@ def test_a_trial_maps_the_streams_and_never_reads_the_text(tmp_path, own_cache):
     probe = (
         "import sys, json; opened = []\n"
         "sys.addaudithook(lambda ev, a: opened.append(str(a[0])) if ev == 'open' and isinstance(a[0], str) else None)\n"
-        "from lightning_modules.config import DataConfig, TrainConfig\n"
-        "from lightning_modules.data import HeadroomData\n"
+        "from lightning_modules.declarations.config import DataConfig, TrainConfig\n"
+        "from lightning_modules.data.datamodule import HeadroomData\n"
         f"d = HeadroomData(DataConfig(source={cfg.source!r}, tokenizer='bpe', bpe_vocab_size=300), "
         "TrainConfig(steps=2, seq_len=16, batch_size=2)).prepare()\n"
         "batch = next(iter(d.train_dataloader()))\n"
@@ -192,7 +192,7 @@ def test_a_half_written_directory_is_never_read(tmp_path, own_cache):
 def test_a_failed_preparation_leaves_nothing_and_a_concurrent_one_is_kept(tmp_path, own_cache, monkeypatch):
     """A preparation that fails while encoding leaves neither a prepared directory nor its temporary one behind;
     when another process committed the same data while this one encoded, theirs stays and this one's is dropped."""
-    import lightning_modules.prepared as prepared
+    import lightning_modules.data.prepared as prepared
 
     cfg = DataConfig(source=f"path:{_corpus(tmp_path / 'c')}/*.txt")
     real = prepared._write_into

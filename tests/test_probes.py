@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from lightning_modules.config import DataConfig, model_config_for, prunable_fraction, train_config_for
-from lightning_modules.families import family_of
-from lightning_modules.models import build_model
-from lightning_modules.probes import ProbeCallback, _cka_matrix, head_redundancy, linear_cka, mean_off_diagonal
+from lightning_modules.declarations.config import DataConfig, model_config_for, prunable_fraction, train_config_for
+from lightning_modules.models.build import build_model
+from lightning_modules.models.families import family_of
+from lightning_modules.pruning.probes import ProbeCallback, _cka_matrix, head_redundancy, linear_cka, mean_off_diagonal
 
 
 def _hsic_cka(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -79,7 +79,7 @@ def test_prunable_fraction_by_hand():
 
 
 def test_probed_training_equals_unprobed(cache_dir):
-    from lightning_modules.train import train_lm
+    from lightning_modules.training.loop import train_lm
 
     def run(callbacks):
         return train_lm(model_config_for("xs", "decoder"), train_config_for("xs", steps=8, seed=3, val_every=8,

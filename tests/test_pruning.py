@@ -9,13 +9,15 @@ import pytest
 import torch
 from conftest import ROOT, headroom
 
-from lightning_modules.config import DataConfig, HeadroomInputError, model_config_for, train_config_for
-from lightning_modules.costs import flops_per_token
-from lightning_modules.data import HeadroomData
-from lightning_modules.families import layer_heads
-from lightning_modules.models import build_model, load_model, save_model
-from lightning_modules.prune_plan import PrunePlan
-from lightning_modules.pruning import forward_flops, heads_to_keep, prune_curve, run_prune, select_heads
+from lightning_modules.data.datamodule import HeadroomData
+from lightning_modules.declarations.config import DataConfig, HeadroomInputError, model_config_for, train_config_for
+from lightning_modules.declarations.costs import flops_per_token
+from lightning_modules.declarations.prune_plan import PrunePlan
+from lightning_modules.models.build import build_model, load_model, save_model
+from lightning_modules.models.families import layer_heads
+from lightning_modules.pruning.choose import heads_to_keep, select_heads
+from lightning_modules.pruning.measure import forward_flops, prune_curve
+from lightning_modules.pruning.run import run_prune
 
 
 def test_heads_to_keep_per_layer_and_global():
@@ -60,8 +62,8 @@ def test_iterative_schedule_rescores_and_reaches_the_ratio(xs_decoder_run, data)
 def test_prune_curve_is_indexed_by_the_fraction_actually_removed(xs_decoder_run, data):
     """With 8 heads per layer, the nominal 0.2 and 0.3 both remove 2 heads (25%): the curve holds each achievable
     fraction once, as the fraction it is, and the gate at each point has exactly that many heads off."""
-    from lightning_modules.pruning import curve_points, evaluate_loss
-    from lightning_modules.scoring import score_heads
+    from lightning_modules.pruning.measure import curve_points, evaluate_loss
+    from lightning_modules.pruning.scoring import score_heads
 
     model = load_model(xs_decoder_run / "model")
     loaders = {"id": data.loader("id", 2)}
@@ -71,7 +73,7 @@ def test_prune_curve_is_indexed_by_the_fraction_actually_removed(xs_decoder_run,
     assert all(r["ratio"] == r["fraction_removed"] for r in rows)
     assert rows[0]["id"] == pytest.approx(evaluate_loss(model, loaders["id"])["loss"], abs=1e-9)
     # each point equals the masked model at that many heads removed per layer, lowest scores first
-    gate = __import__("lightning_modules.heads", fromlist=["head_gate"]).head_gate(model)
+    gate = __import__("lightning_modules.models.heads", fromlist=["head_gate"]).head_gate(model)
     for r in rows[1:4]:
         k = round(r["ratio"] * 8)
         keep = [sorted(range(8), key=lambda h: (scores[l, h].item(), h))[k:] for l in range(2)]
@@ -82,7 +84,7 @@ def test_prune_curve_is_indexed_by_the_fraction_actually_removed(xs_decoder_run,
     # global scope over 2 layers × 8: removals round(r·16), at most 14 (one head stays per layer)
     assert [f for _, f in curve_points([8, 8], "global")] == [k / 16 for k in (0, 2, 3, 5, 6, 8, 10, 11, 13, 14)]
     # the prunable fraction is read off those fractions
-    from lightning_modules.config import prunable_fraction
+    from lightning_modules.declarations.config import prunable_fraction
 
     losses = [2.0, 2.01, 2.05, 2.2, 2.5, 2.9, 3.1, 3.5]
     assert prunable_fraction([r["ratio"] for r in rows], losses, 2.0, 0.05) == 0.25
@@ -93,8 +95,9 @@ def test_recovery_fine_tune_rate_is_chosen_on_val(xs_decoder_run, data):
     (the same as fine-tuning once at the chosen rate)."""
     import copy
 
-    from lightning_modules.heads import prune_heads
-    from lightning_modules.pruning import evaluate_loss, finetune
+    from lightning_modules.models.heads import prune_heads
+    from lightning_modules.pruning.measure import evaluate_loss
+    from lightning_modules.pruning.recover import finetune
 
     model = load_model(xs_decoder_run / "model")
     grid = (1e-5, 3e-4, 3e-2)

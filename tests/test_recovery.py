@@ -32,8 +32,8 @@ def test_the_plan_lists_every_recovery_with_matched_compute(tmp_path):
     measures): the pruned arm T·C_dense + S + R·(C_pruned + [kd] C_dense/3) per token, R = F × the candidate rates,
     S its gradient scoring;
     Scratch-B and scratch_kd spend the same to within one of their steps."""
-    from lightning_modules.config import model_config_for
-    from lightning_modules.costs import flops_per_token
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.declarations.costs import flops_per_token
     from orchestration.design.spec import parse_sweep
 
     sweep = parse_sweep(RECOVERY)
@@ -70,8 +70,8 @@ def test_a_prune_during_training_counts_its_continued_steps(tmp_path):
     """Pruned at p = 0.5 of T, the arm trains p·T dense steps, scores, trains the other (1 - p)·T at pruned size,
     then R recovery steps: `--plan`'s row is the plan's account (plan.unit_arm), by hand from the config formulas;
     its steps are every step at pruned size. (A distilled recovery with p < 1 is refused by the schema.)"""
-    from lightning_modules.config import model_config_for
-    from lightning_modules.costs import flops_per_token
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.declarations.costs import flops_per_token
     from orchestration.design.spec import parse_sweep
 
     text = RECOVERY.replace("recovery: [lm, distill]}", "recovery: [lm], at: [0.5, 1]}").replace(", scratch_kd]", "]")

@@ -1,4 +1,4 @@
-"""Arms and scoring methods are declared once (lightning_modules.arms, lightning_modules.methods): a method and a
+"""Arms and scoring methods are declared once (lightning_modules.declarations.arms, lightning_modules.declarations.methods): a method and a
 control registered here, in the test alone, are accepted by a sweep file, planned by `--plan` with the cost and the
 training steps their declarations give, scored by `score_heads` with their own scorer, and carried through the
 report over a synthetic MLflow store (its tables, verdicts and headline), compared with hand-computed values."""
@@ -11,8 +11,8 @@ import statistics
 import pytest
 from test_report import Store
 
-from lightning_modules.arms import ARMS, Arm, control_names, pruned_shape, register_arm, unregister_arm
-from lightning_modules.methods import METHODS, Method, register_method, unregister_method
+from lightning_modules.declarations.arms import ARMS, Arm, control_names, pruned_shape, register_arm, unregister_arm
+from lightning_modules.declarations.methods import METHODS, Method, register_method, unregister_method
 from orchestration.cli import main
 from orchestration.report import write_report
 
@@ -23,7 +23,7 @@ def score_last_first(model, batches, loss_fn, mask=None, **_):
     """Heads scored by their index: the first head of every layer is the least important."""
     import torch
 
-    from lightning_modules.scoring import _finish, _shape
+    from lightning_modules.pruning.scoring import _finish, _shape
 
     L, H, valid = _shape(model)
     return _finish(torch.arange(H, dtype=torch.float64).repeat(L, 1), valid)
@@ -97,11 +97,11 @@ def test_a_declared_method_and_control_are_planned(declared, tmp_path, capsys):
 def test_a_declared_method_scores_with_its_own_scorer(declared):
     import torch
 
-    from lightning_modules.config import model_config_for
-    from lightning_modules.models import build_model
-    from lightning_modules.prune_plan import PrunePlan
-    from lightning_modules.pruning import select_heads
-    from lightning_modules.scoring import score_heads
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.declarations.prune_plan import PrunePlan
+    from lightning_modules.models.build import build_model
+    from lightning_modules.pruning.choose import select_heads
+    from lightning_modules.pruning.scoring import score_heads
 
     model = build_model(model_config_for("xs", "decoder", n_heads=4), seed=0)
     scores = score_heads(model, [], "last_first")
@@ -176,7 +176,7 @@ def test_the_report_refuses_to_drop_a_run_that_its_grouping_cannot_tell_apart():
 def test_a_store_whose_runs_miss_the_recovery_its_sweep_file_declares_is_refused(tmp_path):
     """The sweep file declares F = 4; its pruned runs logged F = 10 (the Store's): the report names both instead of
     printing a headline that says the primary comparison is not in the sweep."""
-    from lightning_modules.config import HeadroomInputError
+    from lightning_modules.declarations.config import HeadroomInputError
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     store = Store(uri, "mismatch")

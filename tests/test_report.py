@@ -262,7 +262,7 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     # for the scale) partitions the runs exactly as the report's statistics group them
     import pandas as pd
 
-    from lightning_modules.arms import control_names
+    from lightning_modules.declarations.arms import control_names
     from orchestration.design.axes import grouped
     from orchestration.report.analysis import control_runs, pruned_groups
 

@@ -190,9 +190,9 @@ def test_pruned_models_logged_to_mlflow_load_in_a_fresh_process_without_headroom
     import torch
     from test_export import _bare_python
 
-    from lightning_modules.config import model_config_for
-    from lightning_modules.heads import prune_heads
-    from lightning_modules.models import build_model, load_model, save_model
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.models.build import build_model, load_model, save_model
+    from lightning_modules.models.heads import prune_heads
     from orchestration.running.registry import log_pruned_model
 
     cwd = interrupted["cwd"]

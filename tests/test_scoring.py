@@ -9,12 +9,13 @@ import pytest
 import torch
 from tolerance import assert_close_to_scale
 
-from lightning_modules.config import DataConfig, HeadroomInputError, train_config_for
-from lightning_modules.data import HeadroomData
-from lightning_modules.heads import head_gate, prune_heads
-from lightning_modules.models import load_model, token_losses
-from lightning_modules.pruning import evaluate_loss, heads_to_keep
-from lightning_modules.scoring import (
+from lightning_modules.data.datamodule import HeadroomData
+from lightning_modules.declarations.config import DataConfig, HeadroomInputError, train_config_for
+from lightning_modules.models.build import load_model, token_losses
+from lightning_modules.models.heads import head_gate, prune_heads
+from lightning_modules.pruning.choose import heads_to_keep
+from lightning_modules.pruning.measure import evaluate_loss
+from lightning_modules.pruning.scoring import (
     l0_open_probability,
     score_ablation,
     score_gradient,

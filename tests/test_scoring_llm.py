@@ -13,8 +13,8 @@ METHODS = ("activation", "flap", "wanda_sp", "taylor")
 
 
 def _llama():
-    from lightning_modules.config import model_config_for
-    from lightning_modules.models import build_model
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.models.build import build_model
 
     m = build_model(model_config_for("xs", n_heads=4), seed=0)
     d = lambda l: m.model.layers[l].self_attn  # noqa: E731
@@ -73,7 +73,7 @@ def _batches(n=3, b=2, t=16):
 
 def _captured(model, layers, batches):
     """Every layer's output-projection input per batch, [B, T, C], by a hook of the test's own."""
-    from lightning_modules.models import token_losses
+    from lightning_modules.models.build import token_losses
 
     got = [[] for _ in layers]
     hooks = [lay["out"].register_forward_pre_hook(lambda mod, args, l=l: got[l].append(args[0].detach().double()))
@@ -87,7 +87,7 @@ def _captured(model, layers, batches):
 
 
 def _reference(method, model, layers, batches) -> torch.Tensor:
-    from lightning_modules.models import token_losses
+    from lightning_modules.models.build import token_losses
 
     xs = _captured(model, layers, batches)
     scores = []
@@ -158,7 +158,7 @@ def _same_block(name, w, params):
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("method", METHODS)
 def test_scores_equal_the_hand_computed_formula(family, method):
-    from lightning_modules.scoring import score_heads
+    from lightning_modules.pruning.scoring import score_heads
 
     model, layers = FAMILIES[family]()
     batches = _batches()
@@ -173,7 +173,7 @@ def test_scores_equal_the_hand_computed_formula(family, method):
 @pytest.mark.parametrize("method", METHODS)
 def test_a_dead_head_scores_lowest(family, method):
     """Head 2 of layer 0 with its value weights zeroed outputs nothing: every score of it is 0, the layer's lowest."""
-    from lightning_modules.scoring import score_heads
+    from lightning_modules.pruning.scoring import score_heads
 
     model, layers = FAMILIES[family]()
     lay, hd = layers[0], layers[0]["hd"]
@@ -197,9 +197,9 @@ def test_a_masked_head_reads_zero_and_the_declared_passes_match_torchs_flop_coun
     method declares (what Scratch-B is charged) are what torch's FLOP counter counts, in forward passes."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from lightning_modules.methods import get_method
-    from lightning_modules.models import token_losses
-    from lightning_modules.scoring import score_heads
+    from lightning_modules.declarations.methods import get_method
+    from lightning_modules.models.build import token_losses
+    from lightning_modules.pruning.scoring import score_heads
 
     model, layers = _llama()
     batches = _batches(n=1, b=4, t=64)
@@ -227,8 +227,8 @@ def test_flap_ranks_globally_on_per_layer_z_scores_and_the_others_on_their_score
     keeps no more heads for it. By hand: layer 0 [1, 2, 3, 4]·100, layer 1 [1, 2, 3, 4] have equal z-scores
     (−1.342, −0.447, 0.447, 1.342), so removing half globally takes the two lowest of each layer; on the raw scores
     (any other method) it takes three heads of layer 1 (one must stay) and the lowest of layer 0."""
-    from lightning_modules.pruning import heads_to_keep
-    from lightning_modules.scoring import ranked
+    from lightning_modules.pruning.choose import heads_to_keep
+    from lightning_modules.pruning.scoring import ranked
 
     raw = torch.tensor([[100.0, 200.0, 300.0, 400.0], [1.0, 2.0, 3.0, 4.0]])
     z = ranked(raw, "flap", "global")
@@ -248,7 +248,7 @@ def test_the_methods_sweep_plans_every_scorer_and_charges_its_scoring(capsys):
 
     from conftest import ROOT
 
-    from lightning_modules.methods import get_method
+    from lightning_modules.declarations.methods import get_method
     from orchestration.cli import main
 
     assert main(["sweep", str(ROOT / "sweeps" / "methods.yaml"), "--plan", "--json"]) == 0

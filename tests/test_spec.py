@@ -162,10 +162,10 @@ def save_tiny_gpt2(directory: Path) -> Path:
     `huggingface-cli download` would leave it."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from lightning_modules.config import DataConfig
-    from lightning_modules.corpus import load_corpus
-    from lightning_modules.models import save_model
-    from lightning_modules.tokens import train_bpe
+    from lightning_modules.data.corpus import load_corpus
+    from lightning_modules.data.tokens import train_bpe
+    from lightning_modules.declarations.config import DataConfig
+    from lightning_modules.models.build import save_model
 
     corpus = load_corpus(DataConfig())
     tok = train_bpe(corpus.splits["train"][:40], 300, "tiny-gpt2-test")

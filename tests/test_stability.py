@@ -1,4 +1,4 @@
-"""The split-half stability of a head ranking (lightning_modules/stability.py) against hand computations and
+"""The split-half stability of a head ranking (lightning_modules/pruning/stability.py) against hand computations and
 planted rankings, on a trained model against the halves scored one by one, and the report's aggregation of it and
 its comparison of methods (report/scorers.py) — with the method gaps' false-positive rate and power by simulation
 (docs/design.md states the rates)."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_modules.stability import agreement, spearman, split_half
+from lightning_modules.pruning.stability import agreement, spearman, split_half
 from orchestration.report.read import Run
 from orchestration.report.scorers import method_gaps, stability
 
@@ -79,9 +79,9 @@ def test_a_layer_of_fewer_heads_and_nan_scores():
 
 @pytest.fixture(scope="module")
 def trained_and_calibration(xs_decoder_run):
-    from lightning_modules.config import DataConfig, train_config_for
-    from lightning_modules.data import HeadroomData
-    from lightning_modules.models import load_model
+    from lightning_modules.data.datamodule import HeadroomData
+    from lightning_modules.declarations.config import DataConfig, train_config_for
+    from lightning_modules.models.build import load_model
 
     data = HeadroomData(DataConfig(), train_config_for("xs", batch_size=8)).prepare()
     return load_model(xs_decoder_run / "model"), list(data.loader("calibration", 4, batch_size=8))
@@ -92,7 +92,7 @@ def test_split_half_on_a_trained_model(trained_and_calibration, method):
     """The trained xs decoder: the halves scored one by one here, compared by hand with `spearman` per layer, give
     split_half's numbers; with two copies of one half the agreement is perfect; a method that reads no data, or
     one batch, has none."""
-    from lightning_modules.scoring import score_heads
+    from lightning_modules.pruning.scoring import score_heads
 
     model, calib = trained_and_calibration
     got = split_half(model, calib, method, "per_layer", 0.5, None)

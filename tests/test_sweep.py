@@ -130,8 +130,8 @@ def test_smoke_sweep_logs_every_training_step_once(smoke):
 
 
 def test_smoke_scratch_b_gets_the_compute_of_the_pruned_arm(smoke):
-    from lightning_modules.config import model_config_for
-    from lightning_modules.costs import flops_per_token, scratch_b_steps
+    from lightning_modules.declarations.config import model_config_for
+    from lightning_modules.declarations.costs import flops_per_token, scratch_b_steps
 
     c = client(smoke["cwd"])
     _, children = split(runs_of(c, "smoke"))

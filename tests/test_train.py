@@ -7,11 +7,11 @@ import pytest
 import torch
 from pytorch_lightning.callbacks import Callback
 
-from lightning_modules.config import DataConfig, model_config_for, train_config_for
-from lightning_modules.data import HeadroomData
-from lightning_modules.lm import evaluate, load_lm
-from lightning_modules.models import load_model
-from lightning_modules.train import train_lm
+from lightning_modules.data.datamodule import HeadroomData
+from lightning_modules.declarations.config import DataConfig, model_config_for, train_config_for
+from lightning_modules.models.build import load_model
+from lightning_modules.training.lm import evaluate, load_lm
+from lightning_modules.training.loop import train_lm
 
 MARGIN = 0.3  # nats/byte below the unigram entropy of the same split
 
@@ -110,8 +110,8 @@ def test_fused_adamw_clips_under_bf16_mixed():
     Lightning refuses to clip for an optimizer that unscales in its own step under any mixed precision, so every
     GPU trial failed at its first step (seen on an H200). Fused AdamW runs on the CPU too: the same training with
     the fused and the foreach kernel, clipping active, ends at the same weights."""
-    from lightning_modules.lm import HeadroomLM, make_optimizer
-    from lightning_modules.train import build_trainer
+    from lightning_modules.training.lm import HeadroomLM, make_optimizer
+    from lightning_modules.training.loop import build_trainer
 
     tc = train_config_for("xs", steps=6, batch_size=4, seq_len=32, val_every=6, precision="bf16-mixed",
                           grad_clip=0.05)  # small enough that every step clips
@@ -146,8 +146,8 @@ def test_every_arm_evaluates_where_it_trained_at_the_declared_precision(xs_decod
     val loss is the fp32 evaluation of its weights. On the shared trained model (whose logits are large enough for
     bf16 rounding to show; a model of 4 steps predicts nearly uniformly, where it does not) a bf16 evaluation
     differs, and evaluate() gives the fp32 one even inside an autocast region."""
-    from lightning_modules.lm import EVAL_PRECISION
-    from lightning_modules.models import token_losses
+    from lightning_modules.models.build import token_losses
+    from lightning_modules.training.lm import EVAL_PRECISION
 
     assert (xs_decoder_metrics["eval_device"], xs_decoder_metrics["eval_precision"]) == ("cpu", EVAL_PRECISION)
     tc = train_config_for("xs", steps=4, batch_size=4, seq_len=32, val_every=4, eval_batches=2,

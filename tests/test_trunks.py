@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from lightning_modules.config import TrainConfig, cooldown_start
+from lightning_modules.declarations.config import TrainConfig, cooldown_start
 from orchestration.design.spec import parse_sweep
 
 
 def test_the_wsd_rate_is_the_same_for_every_budget_until_its_cooldown_then_decays_as_one_minus_sqrt():
-    from lightning_modules.lm import lr_lambda
+    from lightning_modules.training.lm import lr_lambda
 
     short = TrainConfig(steps=100, warmup_steps=10, schedule="wsd", cooldown_fraction=0.2, min_lr_ratio=0.1)
     long = short.model_copy(update={"steps": 1000})
@@ -32,8 +32,8 @@ def test_a_branch_from_the_trunk_equals_the_run_of_its_own_budget(tmp_path, cach
     from-scratch run's."""
     import torch
 
-    from lightning_modules.config import DataConfig, model_config_for, train_config_for
-    from lightning_modules.train import Snapshots, train_lm
+    from lightning_modules.declarations.config import DataConfig, model_config_for, train_config_for
+    from lightning_modules.training.loop import Snapshots, train_lm
 
     model = model_config_for("xs", "decoder", n_heads=4)
     short = train_config_for("xs", steps=40, seed=3, warmup_steps=5, schedule="wsd", val_every=20, val_batches=2,

@@ -15,18 +15,18 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
-from lightning_modules.bounds import MAX_INT, MAX_SEED
-from lightning_modules.checkpoints import checkpoint_info
-from lightning_modules.config import (
+from lightning_modules.data.tokens import planned_vocab_size
+from lightning_modules.declarations.bounds import MAX_INT, MAX_SEED
+from lightning_modules.declarations.config import (
     FAMILIES,
     PRESET_FIELDS,
     SCALES,
     HeadroomInputError,
     TrainConfig,
 )
-from lightning_modules.methods import METHODS
-from lightning_modules.prune_plan import DEFAULT_CALIBRATION_BATCHES, DEFAULT_FINETUNE_LR, Scope
-from lightning_modules.tokens import planned_vocab_size
+from lightning_modules.declarations.methods import METHODS
+from lightning_modules.declarations.prune_plan import DEFAULT_CALIBRATION_BATCHES, DEFAULT_FINETUNE_LR, Scope
+from lightning_modules.models.checkpoints import checkpoint_info
 from orchestration.design.packing import packing_note
 from orchestration.design.plan import build_plan, pretrained_units
 from orchestration.design.preflight import compute_note, format_table, plan_rows

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lightning_modules.config import HeadroomInputError
+from lightning_modules.declarations.config import HeadroomInputError
 
 BENCHMARKS = {  # name -> extra arguments of its tiny size (what CI runs)
     "train_overhead": ["--steps", "6", "--warmup", "2", "--batch-size", "4", "--seq-len", "32", "--repeats", "2"],
@@ -89,7 +89,7 @@ def cmd_bench(args) -> int:
         if n not in table:
             raise HeadroomInputError(f"bench: unknown benchmark {n!r}; choose from {', '.join(table)}")
     if "onnx_latency" in names:
-        from lightning_modules.export import missing_onnx_packages
+        from lightning_modules.models.export import missing_onnx_packages
 
         if missing_onnx_packages():
             raise HeadroomInputError(f"bench onnx_latency: needs {', '.join(missing_onnx_packages())}: pip install "

@@ -9,8 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
-from lightning_modules.checkpoints import METRICS_FILE, checkpoint_info
-from lightning_modules.config import (
+from lightning_modules.data.corpus import check_source
+from lightning_modules.declarations.config import (
     DataConfig,
     HeadroomInputError,
     TrainConfig,
@@ -19,9 +19,9 @@ from lightning_modules.config import (
     model_config_for,
     train_config_for,
 )
-from lightning_modules.corpus import check_source
-from lightning_modules.methods import METHODS
-from lightning_modules.prune_plan import PrunePlan, check_ratio_fits
+from lightning_modules.declarations.methods import METHODS
+from lightning_modules.declarations.prune_plan import PrunePlan, check_ratio_fits
+from lightning_modules.models.checkpoints import METRICS_FILE, checkpoint_info
 from orchestration.report.plots import heatmap
 from orchestration.running.artifacts import RUN_ARTIFACTS, write_prune
 from orchestration.running.frameworks import quiet_frameworks
@@ -58,7 +58,7 @@ def cmd_train(args) -> int:
 
     # ---- now the frameworks
     quiet_frameworks()
-    from lightning_modules.train import set_threads, train_lm, write_run
+    from lightning_modules.training.loop import set_threads, train_lm, write_run
 
     set_threads()
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
@@ -111,8 +111,8 @@ def _train_data_parallel(workers: int, model_cfg, train_cfg, data_cfg, staging: 
 
 def _train_worker(config: dict) -> None:
     """One rank of `headroom train --workers W`."""
-    from lightning_modules.config import ModelConfig
-    from lightning_modules.train import train_lm, write_run
+    from lightning_modules.declarations.config import ModelConfig
+    from lightning_modules.training.loop import train_lm, write_run
     from orchestration.running.ddp import Session, lightning_ddp, worker_setup
 
     quiet_frameworks()
@@ -164,8 +164,8 @@ def _checkpoint_setup(args):
 
 
 def _load_for_scoring(info, data_cfg, train_cfg, family, calibration_batches):
-    from lightning_modules.data import HeadroomData
-    from lightning_modules.models import load_model
+    from lightning_modules.data.datamodule import HeadroomData
+    from lightning_modules.models.build import load_model
 
     model = load_model(info.model_dir)
     data = HeadroomData(data_cfg, train_cfg, family).prepare()
@@ -191,8 +191,8 @@ def cmd_score(args) -> int:
     if not out.parent.is_dir():
         raise HeadroomInputError(f"--out {args.out}: directory {out.parent} does not exist")
     quiet_frameworks()
-    from lightning_modules.scoring import score_heads
-    from lightning_modules.train import set_threads
+    from lightning_modules.pruning.scoring import score_heads
+    from lightning_modules.training.loop import set_threads
 
     set_threads()
     model, data, calib = _load_for_scoring(info, data_cfg, train_cfg, family, args.calibration_batches)
@@ -222,8 +222,8 @@ def cmd_prune(args) -> int:
     check_ratio_fits(info.layer_heads, plan.ratio, plan.scope)
     out = _check_out(args.out)
     quiet_frameworks()
-    from lightning_modules.pruning import run_prune
-    from lightning_modules.train import set_threads
+    from lightning_modules.pruning.run import run_prune
+    from lightning_modules.training.loop import set_threads
 
     set_threads()
     model, data, _ = _load_for_scoring(info, data_cfg, train_cfg, family, args.calibration_batches)
@@ -255,15 +255,15 @@ def cmd_prune(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from lightning_modules.checkpoints import checkpoint_info
-    from lightning_modules.export import missing_onnx_packages
+    from lightning_modules.models.checkpoints import checkpoint_info
+    from lightning_modules.models.export import missing_onnx_packages
 
     checkpoint_info(args.checkpoint)  # one line for a missing or unsupported checkpoint, before any framework
     out = _check_out(args.out)
     if args.onnx and missing_onnx_packages():
         raise HeadroomInputError(f"--onnx needs {', '.join(missing_onnx_packages())}: pip install 'headroom[onnx]'")
     quiet_frameworks()
-    from lightning_modules.export import export
+    from lightning_modules.models.export import export
 
     try:
         done = export(args.checkpoint, out, onnx=args.onnx)

@@ -1,7 +1,7 @@
 """Memory planned per trial and trials packed per GPU: what `--plan` shows per unit and per scale, and the check
 that refuses a sweep whose fractional `gpu` trials can share a GPU their memory does not fit.
 
-A unit's peak comes from lightning_modules.memory (a documented formula, checked against real training steps by
+A unit's peak comes from lightning_modules.declarations.memory (a documented formula, checked against real training steps by
 benchmarks/plan_memory.py on the CPU and benchmarks/gpu_memory.py on a GPU). Ray puts trials on one GPU as long as
 their `gpu` fractions sum to at most 1, whichever scales they belong to (a stage is one Tune run over every scale).
 So for each stage the check takes the worst such set of its trials — the most memory any choice of them whose
@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from lightning_modules.config import HeadroomInputError, ModelConfig
-from lightning_modules.memory import prune_memory, train_memory
-from lightning_modules.methods import get_method
+from lightning_modules.declarations.config import HeadroomInputError, ModelConfig
+from lightning_modules.declarations.memory import prune_memory, train_memory
+from lightning_modules.declarations.methods import get_method
 
 from .schema import Sweep
 from .unit import Unit
@@ -27,7 +27,7 @@ CUDA_CONTEXT_GB = 0.5  # what each process's CUDA context takes on its GPU, outs
 
 def trial_precision(sweep: Sweep, u: Unit) -> str:
     """The precision a unit's trial trains at: its own, or for "auto" what a trial on its device picks (bf16-mixed on
-    a GPU, 32-true on a CPU; lightning_modules.lm.resolve_precision)."""
+    a GPU, 32-true on a CPU; lightning_modules.training.lm.resolve_precision)."""
     p = u.train.precision
     if p != "auto":
         return p
@@ -122,5 +122,5 @@ def packing_note(sweep: Sweep, rows: Sequence) -> str:
         n, each = per_gpu(s["gpu"]), s["peak_bytes"] / GB + CUDA_CONTEXT_GB
         parts.append(f"{scale}: {s['peak_bytes'] / GB:.2f} GB per trial (largest: {s['unit']}), {n} per GPU "
                      f"(gpu {s['gpu']:g}) use {n * each:.1f} GB; {int(cap // each)} would fit")
-    return (f"GPU memory (planned peak per trial, lightning_modules/memory.py, + {CUDA_CONTEXT_GB:g} GB per trial "
+    return (f"GPU memory (planned peak per trial, lightning_modules/declarations/memory.py, + {CUDA_CONTEXT_GB:g} GB per trial "
             f"for its CUDA context; {cap:g} GB per GPU, resources.gpu_memory_gb) — " + "; ".join(parts) + ".")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-from lightning_modules.arms import ARMS, Budget, Shape, control_names, pruned_shape
-from lightning_modules.config import (
+from lightning_modules.declarations.arms import ARMS, Budget, Shape, control_names, pruned_shape
+from lightning_modules.declarations.config import (
     BYTE_VOCAB_SIZE,
     SCALES,
     ModelConfig,
@@ -18,8 +18,14 @@ from lightning_modules.config import (
     model_config_for,
     train_config_for,
 )
-from lightning_modules.methods import charged_method, compensates, get_method, scoring_flops, scoring_passes
-from lightning_modules.prune_plan import PrunePlan
+from lightning_modules.declarations.methods import (
+    charged_method,
+    compensates,
+    get_method,
+    scoring_flops,
+    scoring_passes,
+)
+from lightning_modules.declarations.prune_plan import PrunePlan
 
 from .schema import Sweep
 from .trunks import share_trunks

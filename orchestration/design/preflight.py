@@ -15,9 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 
-from lightning_modules.arms import Budget
-from lightning_modules.methods import get_method, scoring_flops
-from lightning_modules.config import (
+from lightning_modules.declarations.arms import Budget
+from lightning_modules.declarations.config import (
     EVAL_CAP_TOKENS,
     HeadroomInputError,
     ModelConfig,
@@ -25,6 +24,7 @@ from lightning_modules.config import (
     check_compatible,
     kept_counts,
 )
+from lightning_modules.declarations.methods import get_method, scoring_flops
 
 from .packing import check_packing, unit_memory
 from .plan import Plan, unit_arm
@@ -103,8 +103,8 @@ def _frameworks():
     """torch and headroom's model code, imported outside the checks: an import error is a bug, not bad input."""
     import torch
 
-    from lightning_modules.models import build_model
-    from lightning_modules.pruning import forward_flops
+    from lightning_modules.models.build import build_model
+    from lightning_modules.pruning.measure import forward_flops
 
     return torch, build_model, forward_flops
 

@@ -11,10 +11,10 @@ from pydantic import AfterValidator, BaseModel, Field, create_model, field_valid
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
-from lightning_modules.arms import check_control
-from lightning_modules.bounds import Seed
-from lightning_modules.config import SCALES, DataConfig, Family, Strict, TrainConfig
-from lightning_modules.prune_plan import (
+from lightning_modules.declarations.arms import check_control
+from lightning_modules.declarations.bounds import Seed
+from lightning_modules.declarations.config import SCALES, DataConfig, Family, Strict, TrainConfig
+from lightning_modules.declarations.prune_plan import (
     DEFAULT_FINETUNE_LR_GRID,
     DEFAULT_STEP,
     DEFAULT_TOLERANCE,
@@ -63,7 +63,7 @@ def _optional(name: str):
 
 TrainOverrides = create_model(
     "TrainOverrides", __base__=Strict, __module__=__name__,
-    __doc__="Per-scale changes to the training preset (lightning_modules.config.TrainConfig fields).",
+    __doc__="Per-scale changes to the training preset (lightning_modules.declarations.config.TrainConfig fields).",
     **{name: _optional(name) for name in OVERRIDABLE})
 
 
@@ -146,7 +146,7 @@ class PruneSpec(PruneData):
                                AfterValidator(_unique)] | None = None
     # what the recovery fine-tune minimises: the LM loss, or the KL divergence to the dense teacher (an axis too)
     recovery: Annotated[list[RecoveryKind], NonEmpty, AfterValidator(_unique)] = ["lm"]
-    distill: DistillSpec = DistillSpec()  # temperature and LM-term weight of `distill` (lightning_modules/distill.py)
+    distill: DistillSpec = DistillSpec()  # temperature and LM-term weight of `distill` (lightning_modules/training/distill.py)
     # the recovery fine-tune's rate: a number fixes it; absent, it is chosen on the validation split from the
     # grid below, multiples of the dense model's own learning rate
     finetune_lr: float | None = Field(default=None, gt=0)
@@ -220,7 +220,7 @@ class LrSpec(Strict):
 
 
 class ProbeSpec(Strict):
-    """Mechanism probes of the dense runs (lightning_modules/probes.py), read by the verdict report."""
+    """Mechanism probes of the dense runs (lightning_modules/pruning/probes.py), read by the verdict report."""
 
     every: int = Field(gt=0)  # probe at step 0, every `every` steps and at the last step
     method: Annotated[str, AfterValidator(check_method)] = "gradient"  # importance over training

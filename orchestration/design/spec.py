@@ -9,11 +9,11 @@ A sweep file, with the defaults of the fields it may leave out:
 
     name: quickstart                # the MLflow experiment and the reports/<name>/ folder
     family: decoder                 # or a list: [decoder, encoder]
-    data: {source: stdlib}          # lightning_modules.config.DataConfig: source, shift, tokenizer, ...
+    data: {source: stdlib}          # lightning_modules.declarations.config.DataConfig: source, shift, tokenizer, ...
     scales:                         # preset name -> its budget (absent with `pretrained`)
       xs: {steps: 300, heads: 8, overrides: {batch_size: 16, seq_len: 128, val_every: 50}}
                                     # overrides.eval_batches absent: every clean window of each eval set, up to
-                                    # 2^20 tokens (lightning_modules.config.EVAL_CAP_TOKENS)
+                                    # 2^20 tokens (lightning_modules.declarations.config.EVAL_CAP_TOKENS)
                                     # steps: [100, 300, 900]: several budgets, each its own dense run, controls
                                     # and prunes (the report's trend against tokens per parameter)
     seeds: [0, 1, 2]
@@ -26,7 +26,7 @@ A sweep file, with the defaults of the fields it may leave out:
                                     # prunes and its own Scratch-B (whose budget follows F)
       recovery: [lm]                # what the fine-tune minimises: lm (next token) | distill (KL to the dense
                                     # teacher's logits); [lm, distill]: both, each with its own Scratch-B
-      distill: {temperature: 1.0, lm_weight: 0.0}   # distill's settings (lightning_modules/distill.py)
+      distill: {temperature: 1.0, lm_weight: 0.0}   # distill's settings (lightning_modules/training/distill.py)
       # finetune_lr: 3.0e-4         # a number fixes the fine-tune's rate; absent, it is chosen on val from:
       finetune_lr_grid: [0.03, 0.1, 0.3]    # multiples of the dense model's learning rate
       # curve_batches: 4            # batches per point of the mask-only curve (absent: the eval budget)
@@ -58,17 +58,17 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from lightning_modules.arms import ARMS
-from lightning_modules.bounds import check_tokens
-from lightning_modules.checkpoints import checkpoint_info
-from lightning_modules.config import (
+from lightning_modules.data.corpus import check_source
+from lightning_modules.declarations.arms import ARMS
+from lightning_modules.declarations.bounds import check_tokens
+from lightning_modules.declarations.config import (
     HeadroomInputError,
     check_compatible,
     model_config_for,
     train_config_for,
 )
-from lightning_modules.corpus import check_source
-from lightning_modules.prune_plan import check_ratio_fits
+from lightning_modules.declarations.prune_plan import check_ratio_fits
+from lightning_modules.models.checkpoints import checkpoint_info
 
 from .schema import Sweep
 

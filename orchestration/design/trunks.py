@@ -1,9 +1,9 @@
 """Trunks and cooldown branches: how a sweep trains many budgets of one architecture for little more than the
 longest.
 
-Under a warmup-stable-decay schedule (`schedule: wsd`, lightning_modules/lm.py) the learning rate of a run of B steps
+Under a warmup-stable-decay schedule (`schedule: wsd`, lightning_modules/training/lm.py) the learning rate of a run of B steps
 is the peak from the end of warmup until `cooldown_start(B)`, whatever B is; only the last `cooldown_fraction` of the
-steps decay. The data order is a function of the seed and the sample index alone (lightning_modules/data.py). So a
+steps decay. The data order is a function of the seed and the sample index alone (lightning_modules/data/datamodule.py). So a
 run of B steps is, step for step, the longest run of the same architecture, seed and rate (its *trunk*) up to
 cooldown_start(B), then B's own cooldown: the plan gives every shorter run of a trunk group that start
 (`branch_step`, its trunk's `trunk_key`), and the trunk a checkpoint at every such step (`branch_points`). A branch
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
-from lightning_modules.config import cooldown_start
+from lightning_modules.declarations.config import cooldown_start
 
 from .unit import Unit
 

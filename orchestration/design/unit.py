@@ -1,5 +1,5 @@
 """A unit of work: what one Ray Tune trial does and one MLflow child run records — train one model (an arm of
-lightning_modules/arms.py, or an `lr_search` candidate) or prune one dense checkpoint (`pruned`) — with the configs
+lightning_modules/declarations/arms.py, or an `lr_search` candidate) or prune one dense checkpoint (`pruned`) — with the configs
 it runs with, its deterministic key, its MLflow tags (orchestration/design/axes.py), name, description and params,
 and its serialised form (what crosses the Ray boundary). Its key hashes everything that decides its result, so a
 retried, resumed or re-run unit finds its own run. Torch-free; `plan.py` makes the units of a sweep.
@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, TypeAdapter
 
-from lightning_modules.arms import ARMS
-from lightning_modules.config import SCALES, DataConfig, ModelConfig, TrainConfig
-from lightning_modules.prune_plan import DistillSpec, PruneData, PrunePlan, Recovery
+from lightning_modules.declarations.arms import ARMS
+from lightning_modules.declarations.config import SCALES, DataConfig, ModelConfig, TrainConfig
+from lightning_modules.declarations.prune_plan import DistillSpec, PruneData, PrunePlan, Recovery
 
 from .axes import AXES, BY_NAME, grouped, run_name, tags_of
 from .schema import ProbeSpec
@@ -176,7 +176,7 @@ class Unit:
     crosses the Ray boundary and what a prune trial's metrics.json records; `key_body` is what its key hashes."""
 
     stage: str  # lr_search | train | prune
-    arm: str  # a name of ARMS (lightning_modules/arms.py); an lr_search unit: the arm whose rate it searches
+    arm: str  # a name of ARMS (lightning_modules/declarations/arms.py); an lr_search unit: the arm whose rate it searches
     scale: str
     family: str
     seed: int

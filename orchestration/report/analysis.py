@@ -9,9 +9,9 @@ import math
 import statistics
 from collections import defaultdict, namedtuple
 
-from lightning_modules.arms import ARMS, control_names
-from lightning_modules.config import prunable_fraction, within_tolerance
-from lightning_modules.methods import PRIMARY_METHOD
+from lightning_modules.declarations.arms import ARMS, control_names
+from lightning_modules.declarations.config import prunable_fraction, within_tolerance
+from lightning_modules.declarations.methods import PRIMARY_METHOD
 from orchestration.design.unit import ANY, scale_rank
 from orchestration.running import metrics as M
 

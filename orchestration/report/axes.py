@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lightning_modules.arms import ARMS
-from lightning_modules.arms import label as arm_label
+from lightning_modules.declarations.arms import ARMS
+from lightning_modules.declarations.arms import label as arm_label
 
 from . import plots
 from .analysis import PRIMARY

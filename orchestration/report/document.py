@@ -7,8 +7,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_modules.arms import control_names
-from lightning_modules.arms import label as arm_label
+from lightning_modules.declarations.arms import control_names
+from lightning_modules.declarations.arms import label as arm_label
 
 from . import axes, plots
 from .analysis import PRIMARY, eval_sets, is_primary

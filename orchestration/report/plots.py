@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from lightning_modules.arms import label as arm_label
-from lightning_modules.metric_names import PROBE_PRUNABLE, PROBE_SPREAD
+from lightning_modules.declarations.arms import label as arm_label
+from lightning_modules.declarations.names import PROBE_PRUNABLE, PROBE_SPREAD
 
 
 def _plt():
@@ -295,7 +295,7 @@ def recovery_plot(rows: list, path: str | Path, title: str) -> None:
     """The primary gap (control − pruned) against the recovery budget F, one line per (control, objective), error
     bars = 95% interval; 0 marked (above it pruning wins)."""
     plt = _plt()
-    from lightning_modules.arms import label as arm_label
+    from lightning_modules.declarations.arms import label as arm_label
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     cmap = plt.get_cmap("tab10")

@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from lightning_modules.config import jsonable
+from lightning_modules.declarations.config import jsonable
 
 from .document import render
 from .read import Windows, client, load_sweep_runs, scores_of, write_runs_csv

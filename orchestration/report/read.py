@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lightning_modules.config import HeadroomInputError
+from lightning_modules.declarations.config import HeadroomInputError
 from orchestration.design.axes import AXES, grouped, read_tags
 from orchestration.design.plan import expected_names
 from orchestration.design.schema import Sweep

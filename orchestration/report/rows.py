@@ -316,7 +316,7 @@ class MethodGap:
 @dataclass
 class Stability:
     """How stable a method's head ranking is in one (cell, family, scope): the split-half agreement its prune runs
-    measured (lightning_modules/stability.py), mean over seeds. `overlap`/`chance`: {ratio: fraction}."""
+    measured (lightning_modules/pruning/stability.py), mean over seeds. `overlap`/`chance`: {ratio: fraction}."""
 
     scale: Cell
     family: str

@@ -8,7 +8,7 @@ or "better" than the reference only when its adjusted p ≤ α, else "indistingu
 floor an informed method should clear.
 
 Stability: per (cell, family, method, scope), the split-half agreement the prune runs measured
-(lightning_modules/stability.py; metrics stability/*), mean over seeds, with the lowest seed's Spearman. A ranking is
+(lightning_modules/pruning/stability.py; metrics stability/*), mean over seeds, with the lowest seed's Spearman. A ranking is
 called low below LOW_SPEARMAN (0.5): information for reading the gaps, not a trust check. The prune runs of one
 seed at several ratios read the same split halves; their numbers are merged, one value per seed.
 """

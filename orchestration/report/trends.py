@@ -47,7 +47,7 @@ import math
 from collections import defaultdict
 from dataclasses import replace
 
-from lightning_modules.arms import control_names
+from lightning_modules.declarations.arms import control_names
 from orchestration.design.unit import scale_rank
 from orchestration.running import metrics as M
 

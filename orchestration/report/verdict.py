@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from lightning_modules.arms import control_names
-from lightning_modules.arms import label as arm_label
-from lightning_modules.config import HeadroomInputError
-from lightning_modules.prune_plan import DEFAULT_TOLERANCE
+from lightning_modules.declarations.arms import control_names
+from lightning_modules.declarations.arms import label as arm_label
+from lightning_modules.declarations.config import HeadroomInputError
+from lightning_modules.declarations.prune_plan import DEFAULT_TOLERANCE
 from orchestration.design.schema import TrustSpec
 from orchestration.design.unit import scale_rank
 

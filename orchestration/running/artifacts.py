@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lightning_modules.checkpoints import METRICS_FILE
+from lightning_modules.models.checkpoints import METRICS_FILE
 from orchestration.design.unit import SCORES_FILE, WINDOWS_FILE
 from orchestration.report.plots import heatmap, prune_curve_plot
 
@@ -19,7 +19,7 @@ RUN_ARTIFACTS = (SCORES_FILE, SCORES_PNG, CURVE_PNG, METRICS_FILE, WINDOWS_FILE)
 def write_prune(out: Path, pruned, m: dict, tokenizer, eval_sets: list[str], method: str, title: str) -> None:
     """`run_prune`'s result into `out`: its per-window losses (popped from `m`) to their own file, the rest to
     metrics.json. `title` starts the figures' titles."""
-    from lightning_modules.models import save_model
+    from lightning_modules.models.build import save_model
 
     windows = m.pop("windows")
     save_model(pruned, out / "model", tokenizer)

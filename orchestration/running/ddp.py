@@ -56,10 +56,10 @@ class Session:
 
 
 def lightning_ddp():
-    """Lightning's data-parallel setup under Ray Train (lightning_modules.train.Distributed)."""
+    """Lightning's data-parallel setup under Ray Train (lightning_modules.training.loop.Distributed)."""
     from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
 
-    from lightning_modules.train import Distributed
+    from lightning_modules.training.loop import Distributed
 
     return Distributed(RayDDPStrategy(find_unused_parameters=False), (RayLightningEnvironment(),), prepare_trainer)
 
@@ -107,6 +107,6 @@ def fit(worker, config: dict, *, workers: int, cpu: float, gpu: float, storage: 
 
 def worker_setup() -> None:
     """A Ray Train worker's threads: the CPUs it was given."""
-    from lightning_modules.train import set_threads
+    from lightning_modules.training.loop import set_threads
 
     set_threads()

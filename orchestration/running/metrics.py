@@ -13,12 +13,12 @@ reader names a metric through these functions, so a writer and its readers canno
     cost/<kind>                       seconds and steps of a unit (cost/recovery_steps: what Scratch-B counts;
                                       cost/cpu_s, gpu_s, wall_s, work_s: what the sweep's tracker adds)
     finetune/lr, eval/<split>/windows_excluded, latency_ms/<kind>
-    train/loss, val/loss, probe/...   logged by training itself (lightning_modules/metric_names.py)
+    train/loss, val/loss, probe/...   logged by training itself (lightning_modules/declarations/names.py)
 """
 
 from __future__ import annotations
 
-from lightning_modules.metric_names import (  # noqa: F401 - what training logs, named here with the rest
+from lightning_modules.declarations.names import (  # noqa: F401 - what training logs, named here with the rest
     PROBE,
     PROBE_PRUNABLE,
     PROBE_REDUNDANCY,

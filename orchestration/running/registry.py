@@ -1,4 +1,4 @@
-"""Pruned models in MLflow: each prune unit's model exported (lightning_modules/export.py) into the run's artifacts
+"""Pruned models in MLflow: each prune unit's model exported (lightning_modules/models/export.py) into the run's artifacts
 as `export/` — the directory `headroom export` writes, which loads with torch and transformers alone — and logged
 from it with MLflow's transformers flavour, its tokenizer with it, so that
 `mlflow.transformers.load_model("runs:/<run id>/pruned_model")` loads it in a process without headroom. A model whose
@@ -36,9 +36,9 @@ def log_pruned_model(uri: str, run_id: str, model_dir: str | Path, tokenizer: st
     from mlflow.tracking._tracking_service.utils import _use_tracking_uri  # the caller's MLflow URI stays as it was
     from transformers.utils import logging as tf_logging
 
-    from lightning_modules.checkpoints import checkpoint_info
-    from lightning_modules.export import write_export
-    from lightning_modules.models import load_model
+    from lightning_modules.models.build import load_model
+    from lightning_modules.models.checkpoints import checkpoint_info
+    from lightning_modules.models.export import write_export
 
     tf_logging.disable_progress_bar()
     # a local checkpoint has no Hub model card or license to look up: MLflow's two warnings per model say only that
@@ -79,7 +79,7 @@ def register_primary(rep, tracking_uri: str, say=print) -> list[tuple[str, str]]
     from mlflow import MlflowClient
     from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
-    from lightning_modules.arms import label as arm_label
+    from lightning_modules.declarations.arms import label as arm_label
     from orchestration.report.analysis import PRIMARY, is_primary
 
     client = MlflowClient(tracking_uri)

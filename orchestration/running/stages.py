@@ -24,9 +24,9 @@ import traceback
 from functools import partial
 from pathlib import Path
 
-from lightning_modules.checkpoints import checkpoint_info
-from lightning_modules.config import HeadroomInputError
-from lightning_modules.prepared import DataIdentity, data_identity, prepare
+from lightning_modules.data.prepared import DataIdentity, data_identity, prepare
+from lightning_modules.declarations.config import HeadroomInputError
+from lightning_modules.models.checkpoints import checkpoint_info
 from orchestration.design import plan as plan_module
 from orchestration.design.plan import Plan, build_plan, lr_candidate, plan_record, pretrained_units
 from orchestration.design.preflight import compute_note, plan_rows
@@ -265,7 +265,7 @@ class Sweeper:
         data = self.sweep.data
         if data.source == "mqar":
             ident, prepared = data_identity(data), None
-        else:  # prepared once here; every trial maps what this writes (lightning_modules/prepared.py)
+        else:  # prepared once here; every trial maps what this writes (lightning_modules/data/prepared.py)
             prepared = prepare(data, self.say)
             ident = DataIdentity(prepared.data_hash, prepared.vocab_size)
             self.say(f"data: prepared {prepared.path} ({sum(prepared.manifest['tokens'].values())} tokens)")

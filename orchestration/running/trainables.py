@@ -22,8 +22,8 @@ from pathlib import Path
 
 from ray import tune
 
-from lightning_modules.checkpoints import METRICS_FILE
-from lightning_modules.config import HeadroomInputError, jsonable
+from lightning_modules.declarations.config import HeadroomInputError, jsonable
+from lightning_modules.models.checkpoints import METRICS_FILE
 from orchestration.design.plan import lr_candidate, snapshot_step, unit_scoring_flops
 from orchestration.design.trunks import trunk_steps
 from orchestration.design.unit import (
@@ -54,13 +54,13 @@ _DEVICE: dict = {}  # this process's GPUs as Ray gave them (devices.claim_gpu): 
 def _run_params(unit: Unit) -> dict:
     """What every final result records as MLflow params besides the evaluation's: the GPUs this process was given
     (none: absent) and the precision the unit trains (or fine-tunes) at, "auto" resolved on this device."""
-    from lightning_modules.lm import resolve_precision
+    from lightning_modules.training.lm import resolve_precision
 
     return {**_DEVICE, TRAIN_PRECISION: resolve_precision(unit.train.precision)}
 
 
 def _setup() -> None:
-    from lightning_modules.train import set_threads
+    from lightning_modules.training.loop import set_threads
 
     _DEVICE.clear()
     _DEVICE.update(claim_gpu())  # before torch touches CUDA: a GPU it cannot use stops the trial here
@@ -114,8 +114,8 @@ def _teacher_loss(unit: Unit, dense_uri: str | None, work: Path):
         return None
     if not dense_uri:
         raise RuntimeError(f"{unit.name}: trains by distillation, but its dense teacher's checkpoint was not given")
-    from lightning_modules.distill import LogitDistillation
-    from lightning_modules.models import load_model
+    from lightning_modules.models.build import load_model
+    from lightning_modules.training.distill import LogitDistillation
 
     model_dir, _, _ = _dense_checkpoint(dense_uri, work)
     return LogitDistillation(load_model(model_dir), unit.distill)
@@ -127,8 +127,8 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
     report and checkpoint at every validation, evaluate (rank 0) and report the final checkpoint. A distilled
     control (scratch_kd) learns from its dense run's model at `dense_uri`; a cooldown branch
     (orchestration/design/trunks.py) starts from its trunk's checkpoint at `trunk_uri` (its step `branch_step`)."""
-    from lightning_modules.models import save_model
-    from lightning_modules.train import Snapshots, train_lm
+    from lightning_modules.models.build import save_model
+    from lightning_modules.training.loop import Snapshots, train_lm
 
     from .callbacks import ReportAtValidation, StepHistory
 
@@ -161,7 +161,7 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
     if kept:
         callbacks.append(Snapshots(kept, snaps))
     if unit.probes:  # probe rows ride in the step history: logged once per step, like train/loss
-        from lightning_modules.probes import ProbeCallback
+        from lightning_modules.pruning.probes import ProbeCallback
 
         p = unit.probes
         callbacks.insert(0, ProbeCallback(lambda rows: history.rows.extend(rows), every=p.every, method=p.method,
@@ -185,7 +185,7 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
              RESUMED: history.start_step if history.start_step is not None else m["steps"]}
     if is_search:  # the objective is the val loss at the last step
         if report.last_step != m["steps"]:
-            from lightning_modules.lm import evaluate
+            from lightning_modules.training.lm import evaluate
 
             t = unit.train
             v = evaluate(result.lm.model, result.data.loader("val", t.val_batches))
@@ -247,9 +247,9 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
     _setup()
     import torch
 
-    from lightning_modules.data import HeadroomData
-    from lightning_modules.models import load_model
-    from lightning_modules.pruning import run_prune
+    from lightning_modules.data.datamodule import HeadroomData
+    from lightning_modules.models.build import load_model
+    from lightning_modules.pruning.run import run_prune
 
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="headroom-prune-"))
@@ -258,7 +258,7 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
     plan, run = unit.plan, unit.prune
     # the dense model's losses on these very windows were measured by its train trial: not measured again
     if unit.prune_at < 1:  # prune the dense run's own checkpoint at p·T, train on to T, then recover
-        from lightning_modules.early import prune_and_continue
+        from lightning_modules.pruning.early import prune_and_continue
 
         step = snapshot_step(unit.prune_at, unit.train.steps)
         teacher = load_model(model_dir) if unit.recovery == "distill" else None  # the dense model at T

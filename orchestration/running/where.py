@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_modules.checkpoints import checkpoint_info
+from lightning_modules.models.checkpoints import checkpoint_info
 from orchestration.design.schema import Sweep
 from orchestration.design.spec import resolve_tracking_uri
 
