@@ -31,7 +31,8 @@ def cells(*scales: str) -> list[Cell]:
     """The report's order of cells: these scales, each at its one budget."""
     return [Cell(s, None) for s in scales]
 CHECKS = ("dense_vs_scratch_e", "larger_scale_not_worse", "informative_beats_random", "converged", "finite")
-SEARCHLESS = {"lr_search_brackets": NOT_APPLICABLE, "recovery_rate_brackets": NOT_APPLICABLE}  # no search, no grid
+SEARCHLESS = {"lr_search_brackets": NOT_APPLICABLE, "recovery_rate_brackets": NOT_APPLICABLE,  # no search, no grid
+              "scratch_b_charged": NOT_APPLICABLE}  # no Scratch-B in the synthetic sweep
 
 
 def _run(arm, scale, seed, metrics, params=None, **tags):
@@ -392,3 +393,28 @@ def test_a_recovery_whose_chosen_rate_is_at_the_edge_of_its_grid_fails(grid, sta
     assert states(rep, "s")["recovery_rate_brackets"] == state
     if state == FAILED:
         assert rep.headline("s", "decoder").startswith("untrustworthy")
+
+
+@pytest.mark.parametrize("tried, charged, state", [(3, 3, PASSED),   # the grid, as charged
+                                                   (4, 3, FAILED),   # one rate past the grid's edge
+                                                   (1, 1, PASSED),   # a fixed rate
+                                                   (2, 1, FAILED)])
+def test_a_recovery_that_trained_more_than_its_scratch_b_was_charged_fails(tried, charged, state):
+    """Planted: each recovered prune trained F for each of `tried` rates; its Scratch-B was charged F for each of
+    `charged`. More tried than charged hands the pruned arm compute its Scratch-B never had."""
+    from orchestration.report.diagnostics import scratch_b_charged
+
+    data = sweep()
+    F = 10  # the synthetic prunes' finetune_steps
+    runs = [Run(r.run_id, r.name, r.status, r.tags, {**r.metrics, "cost/recovery_steps": F * tried}, r.params)
+            if r.arm == "pruned" else r for r in data.runs]
+    d = scratch_b_charged(runs, Cell("s", None), "decoder", charged)
+    assert d.state == NOT_APPLICABLE  # the synthetic sweep trains no Scratch-B
+    pruned = [r for r in runs if r.arm == "pruned" and r.scale == Cell("s", None)]
+    control = _run("scratch_b", "s", 0, {"final/id/loss": 2.0}, ratio=0.5, method="gradient")
+    d = scratch_b_charged(runs + [control], Cell("s", None), "decoder", charged)
+    assert d.state == state, d.detail
+    assert d.detail.startswith(f"{len(pruned) if state == PASSED else 0} of {len(pruned)} recovered prunes")
+    if state == FAILED:
+        assert f"up to {tried / charged:.2f}×" in d.detail
+    assert scratch_b_charged(runs + [control], Cell("s", None), "decoder", None).state == COULD_NOT_RUN

@@ -193,6 +193,33 @@ def recovery_brackets(runs, scale: Cell, family: str) -> Diagnostic:
     return Diagnostic(scale, family, name, FAILED if edge else PASSED, detail)
 
 
+def scratch_b_charged(runs, scale: Cell, family: str, charged_rates: int | None) -> Diagnostic:
+    """`scratch_b_charged`: no recovered prune trained more recovery steps (`cost/recovery_steps`: F for every rate
+    it tried, past the grid's edge included) than its Scratch-B was charged (F for each of the `charged_rates`
+    the plan counted: the grid, or the one fixed rate). A prune that tried more rates spent compute its Scratch-B
+    never got, which favours the pruned arm in that comparison."""
+    name = "scratch_b_charged"
+    if not any((r.arm, r.scale, r.family) == ("scratch_b", scale, family) for r in runs):
+        return Diagnostic(scale, family, name, NOT_APPLICABLE, "no Scratch-B at this scale")
+    if charged_rates is None:
+        return Diagnostic(scale, family, name, COULD_NOT_RUN, "the sweep's spec was not read: the rates Scratch-B "
+                                                             "was charged for are unknown")
+    key = M.cost("recovery_steps")
+    pruned = [r for r in runs if (r.arm, r.scale, r.family) == ("pruned", scale, family)
+              and (r.finetune_steps or 0) > 0 and key in r.metrics]
+    if not pruned:
+        return Diagnostic(scale, family, name, NOT_APPLICABLE, "no recovered prune at this scale")
+    over = [(r, r.metrics[key] / (r.finetune_steps * charged_rates)) for r in pruned
+            if r.metrics[key] > r.finetune_steps * charged_rates]
+    detail = (f"{len(pruned) - len(over)} of {len(pruned)} recovered prunes trained no more recovery steps than "
+              f"Scratch-B was charged ({charged_rates} rate(s) × F)")
+    if over:
+        worst = max(over, key=lambda x: x[1])
+        detail += (f" — {len(over)} trained more (up to {worst[1]:.2f}× the charge, {worst[0].name}): their "
+                   "Scratch-B comparison gives the pruned arm extra compute")
+    return Diagnostic(scale, family, name, FAILED if over else PASSED, detail)
+
+
 def dense_vs_scratch_e(runs, scale: Cell, family: str, margin: float, gate: bool = True) -> Diagnostic:
     """`gate` False (every architecture at its own searched rate, the dense model converged): a dense model outside
     the margin is a finding, not a failed check."""
@@ -436,11 +463,12 @@ def finite_losses(runs, scale: Cell, family: str) -> Diagnostic:
 
 def diagnose(runs, scale_families: list[tuple[Cell, str]], order: list[Cell], method: str, margin: float,
              threshold: float, search: tuple[float, float] | None = None, searches=None,
-             every=None) -> list[Diagnostic]:
+             every=None, charged_rates: int | None = None) -> list[Diagnostic]:
     """Every check at every (cell, family). `search`: the sweep's learning-rate search range (low, high), if any;
     `searches`: its finished candidates (None: not read; the bracket check then could not run, unless the sweep
     searched nothing); `every`: every run, of every recovery (the checks before fine-tune and of the recovery's
-    rate read them all; default `runs`)."""
+    rate read them all; default `runs`); `charged_rates`: the recovery rates the plan charged Scratch-B for per F
+    (None: unknown)."""
     out = []
     every = runs if every is None else every
     for scale, family in scale_families:
@@ -451,13 +479,15 @@ def diagnose(runs, scale_families: list[tuple[Cell, str]], order: list[Cell], me
         out += [dense_vs_scratch_e(runs, scale, family, margin, gate),
                 larger_scale_not_worse(runs, scale, family, order, margin),
                 informative_beats_random(every, scale, family, method),
-                conv, brackets, recovery_brackets(every, scale, family), finite_losses(runs, scale, family)]
+                conv, brackets, recovery_brackets(every, scale, family), scratch_b_charged(every, scale, family, charged_rates),
+                finite_losses(runs, scale, family)]
     return out
 
 
 SHORT = {
     "lr_search_brackets": "a learning-rate search's best rate is at the edge of the rates it tried",
     "recovery_rate_brackets": "a recovery's val-chosen rate is at the edge of the rates it tried",
+    "scratch_b_charged": "a recovery tried more rates than its Scratch-B was charged for",
     "dense_vs_scratch_e": "the dense model is not shown to be within the margin of Scratch-E trained for the same "
                           "steps",
     "larger_scale_not_worse": "this scale's dense model is not shown to be within the margin of a smaller scale's",

@@ -167,7 +167,8 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
     order = sorted({r.scale for r in runs}, key=scale_rank)  # scale labels, smallest first (budgets within)
     search = data.spec.lr.search if data.spec is not None and data.spec.lr is not None else None
     diags = diagnose(runs, scale_fams, order, PRIMARY["method"], trust.margin, trust.doubling_gain,
-                     (search.low, search.high) if search is not None else None, data.searches, every)
+                     (search.low, search.high) if search is not None else None, data.searches, every,
+                     charged_rates(data.spec))
     failed = frozenset(k for k in scale_fams if untrustworthy(diags, *k))
     shaky = frozenset(k for k in scale_fams if unverified(diags, *k))
     probe_series = probes(data)
@@ -179,6 +180,14 @@ def build(data: SweepRuns, windows: Windows | None = None) -> Report:
                   recovery=rec_rows, recovery_trends=sign_changes(rec_rows), primary_recovery=main,
                   replication=replication(comps), method_gaps=method_gaps(runs, windows), stability=stability(runs),
                   break_even=break_even(rec_rows), savings=savings(every))
+
+
+def charged_rates(spec) -> int | None:
+    """How many recovery rates per F the plan charged each Scratch-B for (`PrunePlan.recovery_steps`): the one
+    fixed rate, or the grid; None without the spec."""
+    if spec is None:
+        return None
+    return 1 if spec.prune.finetune_lr is not None else len(spec.prune.finetune_lr_grid)
 
 
 def headline_metrics(rep: Report) -> dict[str, float]:
