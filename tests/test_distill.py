@@ -114,8 +114,8 @@ def test_recovery_by_distillation_trains_on_the_teacher_and_reports_lm_losses(xs
                                  distill=DistillSpec(temperature=2.0))
     finally:
         lm_mod.HeadroomLM.training_step = orig
-    assert m["recovery"] == {"kind": "distill", "temperature": 2.0, "lm_weight": 0.0}
+    assert m.recovery == {"kind": "distill", "temperature": 2.0, "lm_weight": 0.0}
     student0, batch0, logged = seen[0]
     assert logged == pytest.approx(float(_hand_loss(student0, dense, batch0, 2.0, 0.0)), rel=1e-4)
-    assert math.isfinite(m["loss"]["final"]["id"]["loss"])
-    assert m["loss"]["final"]["id"]["loss"] == pytest.approx(evaluate(pruned, data.loader("id", 2))["loss"], rel=1e-6)
+    assert math.isfinite(m.loss["final"]["id"]["loss"])
+    assert m.loss["final"]["id"]["loss"] == pytest.approx(evaluate(pruned, data.loader("id", 2))["loss"], rel=1e-6)

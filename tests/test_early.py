@@ -53,11 +53,11 @@ def test_keeping_every_head_continues_the_dense_run_to_its_own_final_weights(den
     plan = PrunePlan(method="magnitude", ratio=0.0)  # removes nothing
     pruned, _, m = prune_and_continue(snaps / f"step{step}.ckpt", _data(family, train), plan, eval_batches=2,
                                       calibration_batches=1)
-    assert m["prune_step"] == step and m["continued_steps"] == T - step
+    assert m.prune_step == step and m.continued_steps == T - step
     dense = dict(result.lm.model.named_parameters())
     for name, p in pruned.named_parameters():
         assert torch.allclose(p, dense[name], atol=1e-5, rtol=1e-4), name
-    assert m["loss"]["pre_ft"]["val"]["loss"] == pytest.approx(result.metrics["final"]["val"]["loss"], rel=1e-4)
+    assert m.loss["pre_ft"]["val"]["loss"] == pytest.approx(result.metrics["final"]["val"]["loss"], rel=1e-4)
 
 
 def test_pruning_carries_the_moments_of_the_kept_heads(dense_run):
@@ -126,10 +126,10 @@ def test_a_prune_during_bf16_training_continues_the_run_and_ablation_scores_it(b
     dense = dict(result.lm.model.named_parameters())
     for name, p in keep.named_parameters():
         assert torch.allclose(p, dense[name], atol=1e-5, rtol=1e-4), name
-    assert m["loss"]["pre_ft"]["val"]["loss"] == pytest.approx(result.metrics["final"]["val"]["loss"], rel=1e-4)
+    assert m.loss["pre_ft"]["val"]["loss"] == pytest.approx(result.metrics["final"]["val"]["loss"], rel=1e-4)
     half, scores, m = prune_and_continue(snaps / "step6.ckpt", _data("decoder", train), PrunePlan(
         method="ablation", ratio=0.5), eval_batches=2, calibration_batches=1)
-    assert sum(m["heads_kept"]) == sum(m["heads_dense"]) // 2  # ratio 0.5 per layer
-    losses = [v["loss"] for stage in ("pre_ft", "final") for v in m["loss"][stage].values()]
-    assert all(torch.isfinite(torch.tensor(x)) for x in losses) and m["continued_steps"] == T - 6
-    assert m["loss"]["pre_ft"]["val"]["loss"] >= result.metrics["final"]["val"]["loss"] * (1 - 0.05)
+    assert sum(m.heads_kept) == sum(m.heads_dense) // 2  # ratio 0.5 per layer
+    losses = [v["loss"] for stage in ("pre_ft", "final") for v in m.loss[stage].values()]
+    assert all(torch.isfinite(torch.tensor(x)) for x in losses) and m.continued_steps == T - 6
+    assert m.loss["pre_ft"]["val"]["loss"] >= result.metrics["final"]["val"]["loss"] * (1 - 0.05)

@@ -104,12 +104,12 @@ def test_recovery_fine_tune_rate_is_chosen_on_val(xs_decoder_run, data):
     plan = PrunePlan(method="magnitude", ratio=0.5, finetune_steps=6, finetune_lr_grid=grid)
     pruned, _, m = run_prune(model, data, plan, eval_batches=2, calibration_batches=1, curve=False,
                              latency_repeats=1)
-    ft = m["finetune"]
+    ft = m.finetune
     assert ft["source"] == "val-grid" and set(ft["grid"]) == {f"{x:.6g}" for x in grid}
     assert ft["lr"] == min(grid, key=lambda x: ft["grid"][f"{x:.6g}"])
     # reference: prune the same heads and fine-tune once at the chosen rate
     ref = copy.deepcopy(load_model(xs_decoder_run / "model"))
-    prune_heads(ref, m["kept"])
+    prune_heads(ref, m.kept)
     saved, data.samples_consumed = data.samples_consumed, 7  # mid-way through some other training
     try:
         ref = finetune(ref, data, 6, ft["lr"], data.train_cfg)
@@ -118,12 +118,19 @@ def test_recovery_fine_tune_rate_is_chosen_on_val(xs_decoder_run, data):
         data.samples_consumed = saved
     val = data.loader("val", 2)
     assert evaluate_loss(ref, val)["loss"] == pytest.approx(ft["grid"][f"{ft['lr']:.6g}"], abs=1e-6)
-    assert m["loss"]["final"]["val"]["loss"] == pytest.approx(ft["grid"][f"{ft['lr']:.6g}"], abs=1e-9)
+    assert m.loss["final"]["val"]["loss"] == pytest.approx(ft["grid"][f"{ft['lr']:.6g}"], abs=1e-9)
+    # the result flattens itself into the run's metrics: what was trained, counted by hand (F per rate tried)
+    flat = m.metrics(data.eval_sets)
+    assert flat["cost/recovery_steps"] == 6 * len(grid) == m.recovery_steps
+    assert flat["finetune/lr"] == ft["lr"] and flat["final/val/loss"] == m.loss["final"]["val"]["loss"]
+    assert {k for k in flat if k.startswith("finetune/val_loss/")} == {f"finetune/val_loss/lr{x:.6g}" for x in grid}
+    assert flat["params"] == m.params["pruned"] < flat["params_dense"]
+    assert json.loads(json.dumps(m.to_json()))["heads_kept"] == m.heads_kept == [len(k) for k in m.kept]
     # a fixed rate is used as given
     fixed = PrunePlan(method="magnitude", ratio=0.5, finetune_steps=2, finetune_lr=3e-4)
     _, _, m2 = run_prune(load_model(xs_decoder_run / "model"), data, fixed, eval_batches=1, calibration_batches=1,
                          curve=False, latency_repeats=1)
-    assert m2["finetune"] == {"lr": 3e-4, "source": "fixed", "grid": {"0.0003": m2["finetune"]["grid"]["0.0003"]}}
+    assert m2.finetune == {"lr": 3e-4, "source": "fixed", "grid": {"0.0003": m2.finetune["grid"]["0.0003"]}}
 
 
 @pytest.mark.parametrize("heads", [8, [3, 6]])
@@ -147,9 +154,9 @@ def test_headless_encoder_pruned_by_distillation(tmp_path):
     dm = HeadroomData(DataConfig(), train_config_for("xs", batch_size=4, seq_len=32), "decoder").prepare()
     pruned, _, m = run_prune(model, dm, PrunePlan(method="gradient", ratio=0.5, finetune_steps=3, finetune_lr=3e-4),
                              eval_batches=1, calibration_batches=1, latency_repeats=2, curve=False)
-    assert m["loss_kind"] == "distill-cosine"
-    assert m["loss"]["dense"]["id"]["loss"] == pytest.approx(0.0, abs=1e-6)  # the teacher is the dense model
-    assert m["loss"]["pre_ft"]["id"]["loss"] > 1e-4
+    assert m.loss_kind == "distill-cosine"
+    assert m.loss["dense"]["id"]["loss"] == pytest.approx(0.0, abs=1e-6)  # the teacher is the dense model
+    assert m.loss["pre_ft"]["id"]["loss"] > 1e-4
     assert layer_heads(pruned) == [2, 2]
 
 

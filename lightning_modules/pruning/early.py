@@ -24,6 +24,7 @@ from lightning_modules.models.heads import prune_heads
 from lightning_modules.pruning.choose import select_heads
 from lightning_modules.pruning.measure import WorkTimer, evaluate_loss, forward_flops, split_windows
 from lightning_modules.pruning.recover import recover
+from lightning_modules.pruning.result import PruneResult
 from lightning_modules.pruning.scoring import LossFn, default_loss
 from lightning_modules.training.distill import DistillSpec, recovery_loss, recovery_record
 from lightning_modules.training.lm import HeadroomLM, eval_record, load_lm, optimizer_params
@@ -77,7 +78,7 @@ def prune_and_continue(snapshot: str | os.PathLike, data, plan: PrunePlan, *, ev
     """The prune stage started at a dense run's snapshot (`Snapshots` of training/loop.py): score its model on calibration,
     remove heads, train on to the run's T steps (same schedule, data, moments), evaluate (`pre_ft`: the pruned
     model at T before the recovery fine-tune), recover, evaluate again. `data` is the dense run's data module.
-    Returns (pruned model, scores, metrics) in run_prune's layout; `dense_eval` is the dense model's evaluation at
+    Returns (pruned model, scores, its PruneResult) as run_prune does; `dense_eval` is the dense model's evaluation at
     T on the same windows (the sweep's train trial measured it). `recovery` "distill" fine-tunes towards
     `teacher`, the dense run's model at T (the one a prune at p = 1 distils from)."""
     t_start = time.perf_counter()
@@ -121,21 +122,15 @@ def prune_and_continue(snapshot: str | os.PathLike, data, plan: PrunePlan, *, ev
     windows["final"] = {s: split_windows(v) for s, v in final.items()} if final else windows["pre_ft"]
     final = final or pre_ft
     timer.s["total_s"] = time.perf_counter() - t_start
-    metrics = {
-        "plan": plan.model_dump(mode="json"), "prune_step": step, "continued_steps": int(trainer.global_step) - step,
-        "heads_dense": heads, "heads_kept": [len(k) for k in keep], "kept": keep,
-        "loss": {"dense": dense, "pre_ft": pre_ft, "pruned_no_ft": {}, "final": final},
-        "finetune": finetune_info,
-        "recovery": recovery_record(recovery, distill),
-        "params": {"dense": dense_cost["params"], "pruned": count_parameters(pruned)},
-        "params_nonembedding": {"dense": dense_cost["params_nonembedding"],
-                                "pruned": count_parameters(pruned, embeddings=False)},
-        "flops_per_token": {"dense": dense_cost["flops"], "pruned": forward_flops(pruned, seq_len)},
-        **eval_record(pruned),
-        "latency_ms": {}, "latency_batch": None,
-        "scores": [[None if x != x else x for x in row] for row in scores.tolist()],
-        "prune_curve": [], "loss_kind": "lm", "timing": timer.s,
-        "windows": windows,
-        "random_baseline": {},
-    }
-    return pruned, scores, metrics
+    result = PruneResult(
+        plan=plan.model_dump(mode="json"), heads_dense=heads, kept=keep,
+        loss={"dense": dense, "pre_ft": pre_ft, "pruned_no_ft": {}, "final": final},
+        finetune=finetune_info, recovery=recovery_record(recovery, distill),
+        params={"dense": dense_cost["params"], "pruned": count_parameters(pruned)},
+        params_nonembedding={"dense": dense_cost["params_nonembedding"],
+                             "pruned": count_parameters(pruned, embeddings=False)},
+        flops_per_token={"dense": dense_cost["flops"], "pruned": forward_flops(pruned, seq_len)},
+        **eval_record(pruned), scores=[[None if x != x else x for x in row] for row in scores.tolist()],
+        loss_kind="lm", timing=timer.s, windows=windows, prune_step=step,
+        continued_steps=int(trainer.global_step) - step)
+    return pruned, scores, result

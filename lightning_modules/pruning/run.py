@@ -25,6 +25,7 @@ from lightning_modules.pruning.measure import (
     split_windows,
 )
 from lightning_modules.pruning.recover import recover
+from lightning_modules.pruning.result import PruneResult
 from lightning_modules.pruning.scoring import LossFn, default_loss, score_heads
 from lightning_modules.pruning.stability import split_half
 from lightning_modules.training.distill import DistillSpec, recovery_loss, recovery_record
@@ -40,7 +41,7 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
               recovery: str = "lm", distill: DistillSpec | None = None, data_start: int | None = None):
     """The whole prune stage on one model: score on calibration, choose, evaluate masked (before fine-tune),
     remove physically, fine-tune (choosing its rate on val when the plan gives a grid), evaluate again, count and
-    time. Returns (pruned model, scores, metrics).
+    time. Returns (pruned model, scores, its PruneResult).
 
     eval_batches None evaluates every clean window of each split (up to the stated cap); `curve_batches` bounds
     the mask-only curve's evaluation (default: the same). `dense_eval` ({split: evaluate() result}) is the dense
@@ -114,30 +115,19 @@ def run_prune(model, data, plan: PrunePlan, *, eval_batches: int | None = None, 
     windows["final"] = {s: split_windows(v) for s, v in final.items()}
     pruned_cost = {"params": count_parameters(pruned), "flops": forward_flops(pruned, seq_len)}
     timer.s["total_s"] = time.perf_counter() - t_start
-    metrics = {
-        "plan": plan.model_dump(mode="json"),
-        "heads_dense": heads,
-        "heads_kept": [len(k) for k in keep],
-        "kept": keep,
-        "loss": {"dense": dense, "pre_ft": pre_ft, "pruned_no_ft": after_prune, "final": final},
-        "finetune": finetune_info,
-        "recovery": recovery_record(recovery, distill),
-        "params": {"dense": dense_cost["params"], "pruned": pruned_cost["params"]},
-        "params_nonembedding": {"dense": dense_cost["params_nonembedding"],
-                                "pruned": count_parameters(pruned, embeddings=False)},
-        "flops_per_token": {"dense": dense_cost["flops"], "pruned": pruned_cost["flops"]},
-        **eval_record(pruned),
-        "latency_ms": latency,
-        "latency_batch": list(lat_batch["input_ids"].shape),
-        "scores": [[None if math.isnan(x) else x for x in row] for row in scores.tolist()],
-        "prune_curve": curve_rows,
-        "loss_kind": "lm" if loss_fn.__class__.__name__ != "Distillation" else f"distill-{loss_fn.kind}",
-        "timing": timer.s,
-        "windows": windows,
-        "random_baseline": random_baseline,
-        "stability": stable,
-    }
-    return pruned, scores, metrics
+    result = PruneResult(
+        plan=plan.model_dump(mode="json"), heads_dense=heads, kept=keep,
+        loss={"dense": dense, "pre_ft": pre_ft, "pruned_no_ft": after_prune, "final": final},
+        finetune=finetune_info, recovery=recovery_record(recovery, distill),
+        params={"dense": dense_cost["params"], "pruned": pruned_cost["params"]},
+        params_nonembedding={"dense": dense_cost["params_nonembedding"],
+                             "pruned": count_parameters(pruned, embeddings=False)},
+        flops_per_token={"dense": dense_cost["flops"], "pruned": pruned_cost["flops"]}, **eval_record(pruned),
+        latency_ms=latency, latency_batch=list(lat_batch["input_ids"].shape),
+        scores=[[None if math.isnan(x) else x for x in row] for row in scores.tolist()], prune_curve=curve_rows,
+        loss_kind="lm" if loss_fn.__class__.__name__ != "Distillation" else f"distill-{loss_fn.kind}",
+        timing=timer.s, windows=windows, random_baseline=random_baseline, stability=stable)
+    return pruned, scores, result
 
 
 def _random_baseline(model, plan: PrunePlan, heads: list[int], loaders: dict, own: dict, loss_fn,

@@ -14,6 +14,7 @@ import torch
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 
 from lightning_modules.data.datamodule import HeadroomData
+from lightning_modules.declarations import names as M
 from lightning_modules.declarations.config import DataConfig, ModelConfig, TrainConfig, check_compatible, jsonable
 from lightning_modules.declarations.costs import flops_per_token, param_counts
 from lightning_modules.models.build import save_model
@@ -81,6 +82,21 @@ class TrainResult:
     data: HeadroomData
     metrics: dict = field(default_factory=dict)
     windows: dict = field(default_factory=dict)  # split -> {"loss": [per window], "tokens": [per window]}
+
+    @staticmethod
+    def flatten(m: dict, passthrough: tuple[str, ...]) -> dict:
+        """A train run's `metrics` (or its metrics.json, read back on a resume) → its run's final metrics: loss,
+        perplexity and tokens per eval split, the windows each split's cleaning excluded, and the `passthrough`
+        numbers as they are."""
+        out = {}
+        for split, v in m.get("final", {}).items():
+            out[M.loss(M.FINAL, split)] = v["loss"]
+            out[M.ppl(M.FINAL, split)] = v["ppl"]
+            out[M.tokens(M.FINAL, split)] = v["tokens"]
+        for split, v in m.get("eval_windows", {}).items():
+            out[M.windows_excluded(split)] = v["excluded"]
+        out.update({k: m[k] for k in passthrough if k in m})
+        return out
 
 
 class LossCurve(Callback):

@@ -233,23 +233,23 @@ def cmd_prune(args) -> int:
         run_train = (info.run or {}).get("train_config") or {}
         # the fine-tune continues the run's order where it stopped: T × the run's own batch size, whatever --batch-size
         start = run_train["steps"] * run_train["batch_size"] if "batch_size" in run_train else None
-        pruned, scores, metrics = run_prune(model, data, plan, eval_batches=args.eval_batches,
+        pruned, scores, result = run_prune(model, data, plan, eval_batches=args.eval_batches,
                                             curve_batches=args.curve_batches, data_start=start,
                                             calibration_batches=args.calibration_batches, progress=not args.quiet)
-        metrics.update(checkpoint=str(args.checkpoint), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets,
-                       tokenizer=data.tokenizer.name)
+        metrics = {**result.to_json(), "checkpoint": str(args.checkpoint), "corpus_hash": data.corpus_hash,
+                   "eval_sets": data.eval_sets, "tokenizer": data.tokenizer.name}
         write_prune(staging, pruned, metrics, data.tokenizer, data.eval_sets, plan.method, f"{plan.scope}: ")
         if out.exists():
             out.rmdir()
         os.replace(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    loss = metrics["loss"]
+    loss = result.loss
     first = data.eval_sets[0] if data.eval_sets else "val"
-    print(f"pruned {plan.method} ratio {plan.ratio} ({plan.scope}, {plan.schedule}): heads {metrics['heads_kept']}"
-          f" of {metrics['heads_dense']}; {first} loss dense {loss['dense'][first]['loss']:.4f}, masked "
+    print(f"pruned {plan.method} ratio {plan.ratio} ({plan.scope}, {plan.schedule}): heads {result.heads_kept}"
+          f" of {result.heads_dense}; {first} loss dense {loss['dense'][first]['loss']:.4f}, masked "
           f"{loss['pre_ft'][first]['loss']:.4f}, final {loss['final'][first]['loss']:.4f}; latency ms "
-          + ", ".join(f"{k} {v:.2f}" for k, v in metrics["latency_ms"].items()))
+          + ", ".join(f"{k} {v:.2f}" for k, v in result.latency_ms.items()))
     print(f"wrote {out}/ (model/, {', '.join(RUN_ARTIFACTS)})")
     return 0
 

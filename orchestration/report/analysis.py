@@ -9,11 +9,11 @@ import math
 import statistics
 from collections import defaultdict, namedtuple
 
+from lightning_modules.declarations import names as M
 from lightning_modules.declarations.arms import ARMS, control_names
 from lightning_modules.declarations.config import prunable_fraction, within_tolerance
 from lightning_modules.declarations.methods import PRIMARY_METHOD
 from orchestration.design.unit import ANY, scale_rank
-from orchestration.running import metrics as M
 
 from .read import Run, Windows
 from .rows import Comparison, CurvePoint, Prunable, Replication, other_axes

@@ -33,7 +33,7 @@ import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-from orchestration.running import metrics as M
+from lightning_modules.declarations import names as M
 
 from .analysis import PRIMARY, _interval_at, is_primary, mean
 from .read import Run

@@ -52,8 +52,8 @@ import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
+from lightning_modules.declarations import names as M
 from orchestration.design.unit import HALF_ARM, Cell
-from orchestration.running import metrics as M
 
 from .stats import t_interval
 

@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lightning_modules.declarations import names as M
 from lightning_modules.declarations.config import HeadroomInputError
 from orchestration.design.axes import AXES, grouped, read_tags
 from orchestration.design.plan import expected_names
@@ -27,7 +28,6 @@ from orchestration.design.unit import (
     read_group,
     stands_for,
 )
-from orchestration.running import metrics as M
 from orchestration.running.runstore import mlflow_client, search_runs
 
 INF_STORED = 1.7976931348623157e308  # sys.float_info.max: how MLflow's stores write ±inf

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from orchestration.running import metrics as M
+from lightning_modules.declarations import names as M
 
 from .analysis import PRIMARY, _window_diffs, at_recovery, by_scale, mean, primary_recovery, pruned_groups
 from .read import Run, Windows

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from orchestration.running import metrics as M
-from orchestration.running.metrics import WORK_KINDS
+from lightning_modules.declarations import names as M
+from lightning_modules.declarations.names import WORK_KINDS
 
 from .analysis import by_scale, is_primary, mean
 from .read import Run, SweepRuns

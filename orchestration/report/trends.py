@@ -47,9 +47,9 @@ import math
 from collections import defaultdict
 from dataclasses import replace
 
+from lightning_modules.declarations import names as M
 from lightning_modules.declarations.arms import control_names
 from orchestration.design.unit import scale_rank
-from orchestration.running import metrics as M
 
 from .analysis import (
     PRIMARY,

@@ -13,9 +13,8 @@ from pathlib import Path
 
 from pytorch_lightning.callbacks import Callback
 
+from lightning_modules.declarations import names as M
 from orchestration.design.unit import HISTORY, LIGHTNING_FILE
-
-from . import metrics as M
 
 FAULT_PAUSE_S = 3.0
 

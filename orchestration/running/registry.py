@@ -15,7 +15,7 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
-from . import metrics as M
+from lightning_modules.declarations import names as M
 
 MODEL_NAME = "pruned_model"  # the logged model's name (its artifact path in the run)
 EXPORT_DIR = "export"  # the exported directory's artifact path in the run

@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 
 from lightning_modules.data.prepared import DataIdentity, data_identity, prepare
+from lightning_modules.declarations import names as M
 from lightning_modules.declarations.config import HeadroomInputError
 from lightning_modules.models.checkpoints import checkpoint_info
 from orchestration.design import plan as plan_module
@@ -35,7 +36,6 @@ from orchestration.design.schema import Sweep
 from orchestration.design.unit import Unit, arch_key
 from orchestration.report import headline_table, write_report
 
-from . import metrics as M
 from .devices import SIMULATE
 from .summary import loss_table, timing
 from .where import Where, checkpoint_id, resolve_paths, resolve_where, stop_on_signals

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import statistics
 
+from lightning_modules.declarations import names as M
+from lightning_modules.declarations.names import WORK_KINDS
 from orchestration.design.axes import BY_NAME, read_tags
 from orchestration.design.unit import Cell, scale_rank
-
-from . import metrics as M
-from .metrics import WORK_KINDS
 
 WALL = M.cost("wall_s")  # a trial's seconds, as its tracker logged them
 

@@ -25,9 +25,9 @@ from pathlib import Path
 from mlflow.entities import LoggedModelStatus, Metric, Param, RunStatus, RunTag
 from ray.tune import Callback
 
+from lightning_modules.declarations import names as M
 from orchestration.design.unit import DONE, EVAL_PARAMS, HISTORY, KEPT, PLAN_FILE, RESUMED, TRAIN_PRECISION, WORK, Unit
 
-from . import metrics as M
 from .artifacts import RUN_ARTIFACTS
 from .ddp import CHECKPOINT_KEY, checkpoint_uri
 from .devices import GPU_PARAM

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ray import tune
 
+from lightning_modules.declarations import names as metric_names
 from lightning_modules.declarations.config import HeadroomInputError, jsonable
 from lightning_modules.models.checkpoints import METRICS_FILE
 from orchestration.design.plan import lr_candidate, snapshot_step, unit_scoring_flops
@@ -40,7 +41,6 @@ from orchestration.design.unit import (
     Unit,
 )
 
-from . import metrics as metric_names
 from .artifacts import write_prune
 from .devices import claim_gpu
 from .frameworks import quiet_frameworks
@@ -69,8 +69,10 @@ def _setup() -> None:
 
 
 def _train_metrics(m: dict) -> dict:
-    return metric_names.flatten_train(m, ("params", "params_nonembedding", "flops_per_token", "steps",
-                                          "tokens_per_s", *EVAL_PARAMS))
+    from lightning_modules.training.loop import TrainResult
+
+    return TrainResult.flatten(m, ("params", "params_nonembedding", "flops_per_token", "steps", "tokens_per_s",
+                               *EVAL_PARAMS))
 
 
 def train_trial(config: dict, base: dict | None = None, fault: dict | None = None, skip: frozenset = frozenset(),
@@ -206,13 +208,6 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
     session.report(final, str(out))
 
 
-def _recovery_steps(plan, m: dict) -> int:
-    """The steps a prune trained at pruned size in recovery: F for every rate it tried (the grid, and any rate
-    tried past an edge of it: more than Scratch-B was charged, which counts the grid)."""
-    return plan.finetune_steps * max(len(m["finetune"]["grid"]), len(plan.finetune_lrs)) if plan.finetune_steps \
-        else 0
-
-
 def _branch_start(unit: Unit, trunk_uri: str | None, work: Path) -> Path:
     """The Lightning checkpoint a cooldown branch starts from: its trunk's, kept at the branch's step."""
     if not trunk_uri:
@@ -262,7 +257,7 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
 
         step = snapshot_step(unit.prune_at, unit.train.steps)
         teacher = load_model(model_dir) if unit.recovery == "distill" else None  # the dense model at T
-        pruned, _, m = prune_and_continue(local / SNAPSHOTS_DIR / f"step{step}.ckpt", data, plan,
+        pruned, _, result = prune_and_continue(local / SNAPSHOTS_DIR / f"step{step}.ckpt", data, plan,
                                           eval_batches=unit.train.eval_batches,
                                           calibration_batches=run.calibration_batches, dense_eval=dense_eval,
                                           recovery=unit.recovery, distill=unit.distill, teacher=teacher)
@@ -273,17 +268,18 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
         if data.vocab_size > model.config.vocab_size:
             raise HeadroomInputError(f"tokenizer has {data.vocab_size} tokens, the model {model.config.vocab_size}")
         # latency is a side measurement here (benchmarks/prune_speed.py measures it properly): a few passes suffice
-        pruned, _, m = run_prune(model, data, plan, eval_batches=unit.train.eval_batches,
+        pruned, _, result = run_prune(model, data, plan, eval_batches=unit.train.eval_batches,
                                  calibration_batches=run.calibration_batches, curve=run.curve,
                                  curve_batches=run.curve_batches, latency_repeats=LATENCY_REPEATS,
                                  dense_eval=dense_eval, recovery=unit.recovery, distill=unit.distill)
-    m.update(unit=unit.to_dict(), corpus_hash=data.corpus_hash, eval_sets=data.eval_sets, seconds=time.time() - t0)
+    m = {**result.to_json(), "unit": unit.to_dict(), "corpus_hash": data.corpus_hash, "eval_sets": data.eval_sets,
+         "seconds": time.time() - t0}
     out = work / "final"
     write_prune(out, pruned, m, data.tokenizer, data.eval_sets, plan.method,
                 f"{unit.scale} {unit.family} seed {unit.seed}: ")
-    flat = {"step": plan.finetune_steps, HISTORY: "[]", DONE: 1, KEPT: json.dumps(m["heads_kept"]), WORK: m["seconds"],
-            **{k: m[k] for k in EVAL_PARAMS}, **_run_params(unit), **metric_names.timing(m["timing"]),
-            **metric_names.flatten_prune(m, data.eval_sets, _recovery_steps(plan, m),
-                                         unit_scoring_flops(unit, sum(m["heads_dense"]),
-                                                            m["flops_per_token"]["dense"]["total"]))}
+    flat = {"step": plan.finetune_steps, HISTORY: "[]", DONE: 1, KEPT: json.dumps(result.heads_kept),
+            WORK: m["seconds"], **{k: m[k] for k in EVAL_PARAMS}, **_run_params(unit),
+            **metric_names.timing(result.timing),
+            **result.metrics(data.eval_sets, unit_scoring_flops(unit, sum(result.heads_dense),
+                                                                result.flops_per_token["dense"]["total"]))}
     tune.report(flat, checkpoint=tune.Checkpoint.from_directory(str(out)))
