@@ -66,7 +66,7 @@ def recover(pruned, data, plan: PrunePlan, loaders: dict, loss_fn, timer: WorkTi
         tune(best * step if best == tried[-1] else best / step)
         best = min(grid, key=lambda lr: (grid[lr], lr))
         for lr in [lr for lr in finetuned if lr != best]:
-            del finetuned[lr]  # one candidate model kept besides the best
+            del finetuned[lr]  # only the best candidate model is kept
     best = min(grid, key=lambda lr: (grid[lr], lr))
     with timer("eval_s"):  # val: measured already, when the rate was chosen
         final = {s: val_of[best] if s == "val" else evaluate_loss(finetuned[best], l, loss_fn, per_window=True)
