@@ -224,7 +224,7 @@ def test_a_grouped_axis_declared_in_the_test_alone_is_grouped_paired_and_trended
 
     gaps = {"a": (0.10, 0.12, 0.08), "b": (-0.05, -0.03, -0.07)}  # Scratch-E − pruned, per seed
     slope = {"xs": 0.0, "s": 0.02, "m": 0.04}  # the gap grows with the scale, the same for both widgets
-    register_axis(Axis("widget", "prune.widget", groups=True))
+    register_axis(Axis("widget", "prune.widget", groups=True, controls="each"))
     try:
         runs = []
 

@@ -27,6 +27,7 @@ from lightning_modules.declarations.methods import (
 )
 from lightning_modules.declarations.prune_plan import PrunePlan
 
+from .axes import BY_NAME, registered
 from .schema import Sweep
 from .trunks import share_trunks
 from .unit import HALF_ARM, NONE, ProbeRun, PruneRun, Unit, _heads, arch_key
@@ -157,6 +158,25 @@ def _recovery_fields(sweep: Sweep, scale: str, f: int, kind: str) -> dict:
             "distill": sweep.prune.distill if kind == "distill" else None}
 
 
+def expand(sweep: Sweep, u: Unit, control: bool = False) -> list[Unit]:
+    """Unit `u` × the values of every registered axis (orchestration/design/axes.py: register_axis), each value
+    recorded in the unit's `axes` and given its effect (`Axis.apply`): a prune unit once per value of each axis, a
+    control once per value of an axis declared `controls="each"` (and once, standing for every value, of the
+    others). Without registered axes: [u]."""
+    out = [u]
+    for a in registered():
+        values = a.expansion(sweep, u.scale)
+        if not values or (control and a.controls == "every"):
+            continue
+        out = [_with_value(a, x, v) for x in out for v in values]
+    return out if out == [u] else [x.with_key() for x in out]
+
+
+def _with_value(axis, u: Unit, value) -> Unit:
+    u = replace(u, axes=(*u.axes, (axis.name, value)))
+    return axis.apply(u, value) if axis.apply is not None else u
+
+
 def _control_variants(sweep: Sweep, arm, scale: str) -> list[tuple[int, str] | None]:
     """The recoveries a control is planned for: one per (F, objective) of its `recoveries` when its budget follows
     the recovery (`per_recovery`), else one unit standing for every recovery (None)."""
@@ -206,23 +226,26 @@ def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None,
                                            f"{scale}-{family}-{name}-r{ratio:g}-s{seed}"))
                 lr_c, source_c = lr_for(sweep, scale, family, arch_key(m), lrs)
                 for variant in _control_variants(sweep, arm, scale):
-                    f, kind = variant or (max(sweep.finetune_steps(scale)), "lm")
+                    # a control standing for every recovery is charged the primary one (its steps do not follow it)
+                    f, kind = variant or sweep.primary_recovery(scale)
                     t = _train_cfg(sweep, scale, seed, lr_c, budget)
                     # per-layer controls stand for every method and schedule: charged the primary method's one
                     # scoring round (methods.charged_method)
                     t = t.model_copy(update={"steps": arm.steps(
                         pruned_arm(sweep, model, m, train, f, kind, charged_method(sweep.prune.methods)))})
-                    controls.append(_trained(sweep, name, scale, family, seed, m, t, corpus_hash, ratio,
-                                             scope="per_layer", lr_source=source_c, budget=tag, recovery=variant,
-                                             dense_key=dense[-1].key if arm.teacher else None))
+                    controls += expand(sweep, _trained(
+                        sweep, name, scale, family, seed, m, t, corpus_hash, ratio, scope="per_layer",
+                        lr_source=source_c, budget=tag, recovery=variant,
+                        dense_key=dense[-1].key if arm.teacher else None), control=True)
             if sweep.scratch_curve:  # the pruned shape's learning curve (the report's parent-free savings)
                 m = pruned_shape(Shape(scale, family, model, h, heads_kept(h, ratio), vocab_size,
                                        f"{scale}-{family}-scratch_curve-r{ratio:g}-s{seed}"))
                 lr_c, source_c = lr_for(sweep, scale, family, arch_key(m), lrs)
                 for frac in sweep.scratch_curve:
                     t = _train_cfg(sweep, scale, seed, lr_c, max(1, round(frac * budget)))
-                    controls.append(_trained(sweep, "scratch_curve", scale, family, seed, m, t, corpus_hash,
-                                             ratio, scope="per_layer", lr_source=source_c, budget=tag))
+                    controls += expand(sweep, _trained(sweep, "scratch_curve", scale, family, seed, m, t,
+                                                       corpus_hash, ratio, scope="per_layer", lr_source=source_c,
+                                                       budget=tag), control=True)
     return dense + controls
 
 
@@ -258,12 +281,13 @@ def prune_units(sweep: Sweep, dense: list[Unit]) -> list[Unit]:
                 f, kind = 0, "lm"
             run = _prune_run(sweep, d.train.lr if d.model is not None else None, f)  # None: a pretrained model's
             run = run.model_copy(update={"bias_compensation": _compensation(method, p.bias_compensation, at)})
-            out.append(Unit("prune", "pruned", d.scale, d.family, d.seed, d.model, d.train, d.data, d.corpus_hash,
-                            d.heads, method=method, ratio=ratio, scope=scope, schedule=schedule,
-                            # the mask-only curve is of the trained model: a prune during training draws none
-                            prune=run if at == 1 else run.model_copy(update={"curve": False}),
-                            dense_key=d.key, lr_source=d.lr_source, budget=d.budget, prune_at=at,
-                            **_recovery_fields(sweep, d.scale, f, kind)).with_key())
+            out += expand(sweep, Unit(
+                "prune", "pruned", d.scale, d.family, d.seed, d.model, d.train, d.data, d.corpus_hash, d.heads,
+                method=method, ratio=ratio, scope=scope, schedule=schedule,
+                # the mask-only curve is of the trained model: a prune during training draws none
+                prune=run if at == 1 else run.model_copy(update={"curve": False}), dense_key=d.key,
+                lr_source=d.lr_source, budget=d.budget, prune_at=at,
+                **_recovery_fields(sweep, d.scale, f, kind)).with_key())
     return out
 
 
@@ -292,10 +316,14 @@ def global_control_units(sweep: Sweep, pruned: Unit, dense: Unit, kept_per_layer
         f, kind = pruned.prune.finetune_steps, pruned.recovery
         t = train.model_copy(update={"steps": arm.steps(
             pruned_arm(sweep, d_model, small, dense.train, f, kind, pruned.method, pruned.plan.scoring_rounds))})
-        out.append(_trained(sweep, name, pruned.scale, pruned.family, pruned.seed, small, t, pruned.corpus_hash,
-                            pruned.ratio, method=pruned.method, scope="global", schedule=pruned.schedule,
-                            dense_key=dense.key, lr_source=source, budget=dense.budget,
-                            recovery=(f, kind) if arm.per_recovery else None))
+        c = _trained(sweep, name, pruned.scale, pruned.family, pruned.seed, small, t, pruned.corpus_hash,
+                     pruned.ratio, method=pruned.method, scope="global", schedule=pruned.schedule,
+                     dense_key=dense.key, lr_source=source, budget=dense.budget,
+                     recovery=(f, kind) if arm.per_recovery else None)
+        for axis, v in pruned.axes:  # a registered axis of one control per value: the prune's value
+            if BY_NAME[axis].controls == "each":
+                c = _with_value(BY_NAME[axis], c, v)
+        out.append(c.with_key())
     return out
 
 def pretrained_units(sweep: Sweep, family: str, checkpoint_id: str, heads: list[int], corpus_hash: str) -> list[Unit]:

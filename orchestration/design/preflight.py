@@ -26,11 +26,12 @@ from lightning_modules.declarations.config import (
 )
 from lightning_modules.declarations.methods import get_method, scoring_flops
 
+from .axes import BY_NAME, registered
 from .packing import check_packing, unit_memory
 from .plan import Plan, unit_arm
 from .resources import trial_resources
 from .schema import Sweep
-from .unit import Unit
+from .unit import ANY, Unit, stands_for
 
 # the JSON field names other tools rely on (a row has more)
 PLAN_FIELDS = ("stage", "arm", "scale", "family", "heads", "head_dim", "steps", "params", "flops_per_token",
@@ -75,6 +76,9 @@ class PlanRow:
     arm_train_flops: int = 0
     # the planned peak memory of one worker of the unit's trial, bytes (orchestration/design/packing.py)
     memory_bytes: int = 0
+    # the value of every axis registered beyond the built-in ones (orchestration/design/axes.py): "*" where the
+    # unit stands for every value (a control), None where the axis does not apply
+    axes: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -192,7 +196,14 @@ def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: 
         prune_at=u.prune_at if u.stage == "prune" else None,
         finetune_steps=u.prune.finetune_steps if u.prune else u.finetune_steps,
         recovery=u.recovery if u.prune or u.finetune_steps is not None or u.recovery != "lm" else None,
-        arm_train_flops=int(arm_flops), memory_bytes=unit_memory(sweep, u, model, dense))
+        arm_train_flops=int(arm_flops), memory_bytes=unit_memory(sweep, u, model, dense), axes=_axes(u))
+
+
+def _axes(u: Unit) -> dict:
+    """A unit's values of the registered axes: its own, "*" where it stands for every value, None elsewhere."""
+    wild = stands_for(u.arm, u.scope, u.finetune_steps) or frozenset()
+    return {a.name: ANY if a.name in wild else None if a.value(u) == a.default else a.value(u)
+            for a in registered()}
 
 
 def plan_rows(sweep_plan: Plan) -> list[PlanRow]:
@@ -277,6 +288,8 @@ def format_table(rows: list[PlanRow], vocab_note: str) -> str:
     head = ["stage", "scale", "T", "family", "arm", "method", "ratio", "at", "F", "seed", "heads", "head_dim",
             "width", "lr", "steps", "tokens", "params", "FLOPs/tok", "train FLOPs", "arm FLOPs", "est. FLOPs",
             "memory", "resources"]
+    extra = [a.name for a in registered()]  # a column per registered axis, before the seed
+    head[head.index("seed"):head.index("seed")] = extra
     table = [head]
     for r in rows:
         heads = (",".join(map(str, r.heads)) if r.heads and len(set(r.heads)) > 1 else
@@ -285,7 +298,8 @@ def format_table(rows: list[PlanRow], vocab_note: str) -> str:
         seed = f"×{r.trials} trials" if r.trials else str(r.seed)
         table.append([r.stage, r.scale, "—" if r.budget is None else str(r.budget), r.family, r.arm,
                       r.method or "—", "—" if r.ratio is None else f"{r.ratio:g}",
-                      "—" if r.prune_at is None else f"{r.prune_at:g}", _show_recovery(r), seed, heads,
+                      "—" if r.prune_at is None else f"{r.prune_at:g}", _show_recovery(r),
+                      *(_show_axis(a, r.axes.get(a)) for a in extra), seed, heads,
                       str(r.head_dim), str(r.attention_width), lr, str(r.steps), _si(r.tokens), _si(r.params),
                       _si(r.flops_per_token), _si(r.train_flops), _si(r.arm_train_flops), _si(r.est_flops),
                       _si(r.memory_bytes) + "B", _show_resources(r.resources)])
@@ -308,6 +322,10 @@ def format_table(rows: list[PlanRow], vocab_note: str) -> str:
                  "gradients, AdamW moments, activations at its batch and precision, the loss's logits).")
     lines.append(cluster_note(rows))
     return "\n".join(lines)
+
+
+def _show_axis(name: str, v) -> str:
+    return "—" if v is None else "all" if v == ANY else BY_NAME[name].to_tag(v)
 
 
 def _show_recovery(r: PlanRow) -> str:

@@ -367,6 +367,13 @@ class Sweep(Strict):
         own = (self.scales or {}).get(scale) if scale else None
         return own.finetune_steps if own is not None and own.finetune_steps is not None else self.prune.finetune_steps
 
+    def primary_recovery(self, scale: str | None = None) -> tuple[int, str]:
+        """The primary comparison's recovery (F, objective) at `scale` — the strongest the sweep file declares: the
+        largest F of the scale's ladder (its own `finetune_steps`, else `prune.finetune_steps`), by distillation
+        when `prune.recovery` lists it, else by the LM loss. Decided here once: the report reads it, and the plan
+        charges a control that stands for every recovery with it."""
+        return max(self.finetune_steps(scale)), ("distill" if "distill" in self.prune.recovery else "lm")
+
     def every_finetune_steps(self) -> list[int]:
         """Every recovery budget any scale's prunes run."""
         lists = [self.finetune_steps(s) for s in (self.scales or {})] or [self.prune.finetune_steps]
@@ -375,3 +382,34 @@ class Sweep(Strict):
     def dense_heads(self, scale: str) -> int:
         s = (self.scales or {})[scale]
         return s.heads or SCALES[scale].n_heads
+
+
+# ------------------------------------------------------------------------------------------------ registered axes
+
+_BLOCKS = {"": lambda: Sweep, "prune": lambda: PruneSpec}  # where a registered axis's sweep field may live
+
+
+def _block(path: str) -> tuple[type[BaseModel], str]:
+    where, _, name = path.rpartition(".")
+    if where not in _BLOCKS:
+        raise ValueError(f"a registered axis's sweep field goes at the top level or in `prune`, not {path!r}")
+    return _BLOCKS[where](), name
+
+
+def add_field(path: str, annotation, default) -> None:
+    """Add a registered axis's sweep field (`prune.<name>` or `<name>`) to the schema: the sweep files that set it
+    validate it, the others get its default (and keep their spec hash: a field not in `_FIRST_HASHED` is hashed
+    only away from its default)."""
+    model, name = _block(path)
+    if name in model.model_fields:
+        raise ValueError(f"the sweep schema has a field {path!r} already")
+    model.__pydantic_fields__[name] = FieldInfo.from_annotated_attribute(annotation, default)
+    model.model_rebuild(force=True)
+    Sweep.model_rebuild(force=True)
+
+
+def remove_field(path: str) -> None:
+    model, name = _block(path)
+    del model.__pydantic_fields__[name]
+    model.model_rebuild(force=True)
+    Sweep.model_rebuild(force=True)

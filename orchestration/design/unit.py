@@ -17,9 +17,9 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from lightning_modules.declarations.arms import ARMS
 from lightning_modules.declarations.config import SCALES, DataConfig, ModelConfig, TrainConfig
-from lightning_modules.declarations.prune_plan import DistillSpec, PruneData, PrunePlan, Recovery
+from lightning_modules.declarations.prune_plan import DistillSpec, PruneData, PruneJob, PrunePlan, Recovery
 
-from .axes import AXES, BY_NAME, grouped, run_name, tags_of
+from .axes import AXES, BY_NAME, grouped, registered, run_name, tags_of
 from .schema import ProbeSpec
 
 NONE = "none"
@@ -69,13 +69,14 @@ def stands_for(arm: str, scope: str, finetune_steps: int | None) -> frozenset[st
     method and schedule (a uniform shape, not planned per global prune: every scope too); one whose budget does
     not follow the recovery stands for every recovery budget and objective, and one that follows it, planned
     when the sweep lists one F (None), for every F. A pruned run stands for none; the other arms are in no
-    group (None)."""
+    group (None). A registered axis declared `controls="every"` has one control for all its values: stands for
+    every value."""
     if arm == "pruned":
         return frozenset()
     a = ARMS.get(arm)
     if a is None or not a.control:
         return None
-    wild = set()
+    wild = {x.name for x in registered() if x.groups and x.controls == "every"}
     if scope != "global":
         wild |= {"method", "schedule"} | (set() if a.for_global else {"scope"})
     if not a.per_recovery:
@@ -208,6 +209,9 @@ class Unit:
     trunk_key: str | None = None
     branch_step: int = 0
     branch_points: tuple[int, ...] = ()
+    # the values of the axes registered beyond the built-in ones ((name, value) pairs, orchestration/design/axes.py:
+    # register_axis); hashed when not empty
+    axes: tuple[tuple[str, Any], ...] = ()
     key: str = ""
 
     @property
@@ -217,6 +221,13 @@ class Unit:
             return None
         return PrunePlan(method=self.method, ratio=self.ratio, scope=self.scope, schedule=self.schedule,
                          seed=self.seed, **self.prune.recovery())
+
+    def prune_job(self, **side) -> PruneJob:
+        """What a prune unit's trial runs (`run_prune`, `prune_and_continue`): its plan, its calibration and curve
+        data, its eval budget, its recovery objective and distillation; `side`: the side measurements' settings
+        (latency repeats ...), which do not enter the key."""
+        return PruneJob(plan=self.plan, data=PruneData(**self.prune.prune_data()),
+                        eval_batches=self.train.eval_batches, recovery=self.recovery, distill=self.distill, **side)
 
     def with_key(self) -> Unit:
         digest = hashlib.sha256(json.dumps(self.key_body(), sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -239,11 +250,33 @@ class Unit:
         wild = stands_for(self.arm, self.scope, self.finetune_steps) if self.stage != "lr_search" else None
         if wild is None:
             return NONE
-        # each value as its tag reads back (a control's "none" F or recovery: the axis's default), as the report sees it
+        return group_text(self._group_values(), wild)
+
+    def control_groups(self) -> dict[str, str] | None:
+        """A prune unit's controls, as the plan decides them: for every declared control arm, the comparison group
+        (`comparison_group`'s text) of the control units it pairs with — the tag `headroom.controls` that the
+        report pairs by. A control of a per-layer shape (not planned per global prune) is the per-layer one.
+        None for the other units."""
+        if self.arm != "pruned" or self.stage != "prune":
+            return None
+        out = {}
+        for name, arm in ARMS.items():
+            if not arm.control:
+                continue
+            scope = self.scope if arm.for_global or self.scope != "global" else "per_layer"
+            wild = stands_for(name, scope, self.finetune_steps)
+            values = self._group_values()
+            values["scope"] = scope
+            out[name] = group_text(values, wild)
+        return out
+
+    def _group_values(self) -> dict:
+        """Each grouped axis's value as its tag reads back (a control's "none" F or recovery: the axis's default),
+        as the report sees it; the scale as the cell."""
         values = {a: BY_NAME[a].read({BY_NAME[a].tag_name: BY_NAME[a].to_tag(BY_NAME[a].value(self))})
                   for a in grouped()}
         values["scale"] = Cell(self.scale, self.budget)
-        return group_text(values, wild)
+        return values
 
     def note(self) -> str:
         """What the unit is, in one sentence: its run's description in the MLflow UI."""

@@ -89,10 +89,20 @@ def pruned_groups(runs: list[Run]) -> dict:
     return by_seed([r for r in runs if r.arm == "pruned" and r.prune_at == 1.0], group_of)
 
 
-def control_runs(runs: list[Run]) -> dict:
+class Controls(dict):
+    """(arm, group) -> {seed: control run}, the group with ANY where the control stands for every value; and the
+    same runs by (arm, the group's tag text), which a pruned run's stamp names (`by_text`)."""
+
+    def __init__(self, groups: dict):
+        super().__init__(groups)
+        self.by_text = {(arm, next(iter(g.values())).tag("group")): g for (arm, _), g in groups.items()}
+
+
+def control_runs(runs: list[Run]) -> Controls:
     """(arm, group) -> {seed: control run}; the group has ANY where the control stands for every value."""
     controls = control_names()
-    return by_seed([r for r in runs if r.arm in controls and r.group is not None], lambda r: (r.arm, group_of(r)))
+    return Controls(by_seed([r for r in runs if r.arm in controls and r.group is not None],
+                            lambda r: (r.arm, group_of(r))))
 
 
 def _heads(text: str | None):
@@ -116,9 +126,16 @@ def _window_diffs(pw: list[dict | None], cw: list[dict | None]) -> tuple[list[li
     return [[c - p for c, p in zip(c_["loss"], p_["loss"])] for p_, c_ in zip(pw, cw)], tokens
 
 
-def controls_of(controls: dict, arm: str, key: tuple) -> dict:
-    """The runs of control `arm` the pruned group `key` pairs with, by seed: of the control groups that match it
-    (every axis equal, or ANY), the most specific."""
+def controls_of(controls: Controls, arm: str, key: tuple, pruned: dict) -> dict:
+    """The runs of control `arm` the pruned group `key` (its runs by seed: `pruned`) pairs with, by seed: the group
+    the plan stamped on the pruned runs (`headroom.controls`). Runs logged before that stamp (or an arm declared
+    since) get the plan's rule from the control groups' own stamps: of those that match the pruned group (every
+    axis equal, or ANY), the most specific."""
+    stamps = {r.controls[arm] for r in pruned.values() if r.controls is not None and arm in r.controls}
+    if stamps:
+        if len(stamps) > 1:
+            raise ValueError(f"the pruned runs of one group name different {arm} controls: {sorted(stamps)}")
+        return controls.by_text.get((arm, stamps.pop()), {})
     match = [(sum(v == ANY for v in g), g) for a, g in controls if a == arm and g._fields == key._fields
              and all(v in (ANY, k) for v, k in zip(g, key))]
     return controls[(arm, min(match, key=lambda m: m[0])[1])] if match else {}
@@ -132,8 +149,7 @@ def primary_recovery(runs: list[Run], spec=None) -> tuple[int, str]:
     is inferred from the pruned runs; (0, "lm") when none finished. The rest of a recovery sweep is its own section
     (report/trends.py)."""
     if spec is not None:
-        kinds = spec.prune.recovery
-        return max(spec.prune.finetune_steps), ("distill" if "distill" in kinds else "lm")
+        return spec.primary_recovery()
     pruned = [r for r in runs if r.arm == "pruned"]
     kind = "distill" if any(r.recovery == "distill" for r in pruned) else "lm"
     return max((r.finetune_steps or 0 for r in pruned if r.recovery == kind), default=0), kind
@@ -147,7 +163,7 @@ def at_recovery(runs: list[Run], recovery: tuple[int, str], spec=None) -> list[R
     for r in runs:
         f, kind = recovery
         if spec is not None and spec.scales and r.scale.scale in spec.scales:
-            f = max(spec.finetune_steps(r.scale.scale))
+            f = spec.primary_recovery(r.scale.scale)[0]
         if r.arm == "pruned" and (r.finetune_steps or 0, r.recovery) != (f, kind):
             continue
         if r.arm in ARMS and ARMS[r.arm].per_recovery and (
@@ -177,9 +193,9 @@ def comparisons(runs: list[Run], windows: Windows | None = None,
         first = by_seed[min(by_seed)]
         ft = first.finetune_steps or 0
         own = spec is not None and spec.scales and key.scale.scale in spec.scales
-        is_main = (ft, rec) == ((max(spec.finetune_steps(key.scale.scale)), main[1]) if own else main)
+        is_main = (ft, rec) == ((spec.primary_recovery(key.scale.scale)[0], main[1]) if own else main)
         for arm in control_names():
-            ctrl = controls_of(controls, arm, key)
+            ctrl = controls_of(controls, arm, key, by_seed)
             seeds = sorted(set(by_seed) & set(ctrl))
             for ev in sets if seeds else []:
                 for stage, steps in [("final", ft)] if ft == 0 or not is_main else [("pre_ft", 0), ("final", ft)]:
@@ -259,7 +275,8 @@ def prunable(runs: list[Run], tolerance: float) -> list[Prunable]:
             dense = mean([r.metrics[M.loss(M.DENSE, ev)] for r in rs])
             pruned = mean([r.metrics[M.loss(M.PRE_FT, ev)] for r in rs])
             out.append(Prunable(scale, family, method, ev, tolerance, ratio, scope, schedule, len(rs), dense, pruned,
-                                "prunable" if within_tolerance(pruned, dense, tolerance) else "not_prunable"))
+                                "prunable" if within_tolerance(pruned, dense, tolerance) else "not_prunable",
+                                other_axes(key)))
     return out
 
 

@@ -11,6 +11,7 @@ from lightning_modules.declarations.arms import label as arm_label
 from . import plots
 from .analysis import PRIMARY
 from .render import Doc, fmt_ci, fmt_p, fmt_ratio
+from .rows import group_label
 from .verdict import Report
 
 PRIMARY_WORDS = f"{PRIMARY['method']}, {PRIMARY['scope'].replace('_', ' ')}, {PRIMARY['schedule'].replace('_', ' ')}, " \
@@ -160,15 +161,21 @@ def recovery_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
         doc.img(path, f"{scale} {family}: control − pruned after F recovery steps (95% interval over seeds)")
     doc.table(["scale", "family", "ratio", "control", "objective", "F", "n", "pruned", "control", "diff", "95% CI",
                "verdict (raw)"],
-              [[c.scale, c.family, fmt_ratio(c.ratio), arm_label(c.control), c.recovery, str(c.finetune_steps),
+              [[c.scale, c.family, fmt_ratio(c.ratio), _control(c), c.recovery, str(c.finetune_steps),
                 str(c.n_seeds), f"{c.pruned_loss:.4f}", f"{c.control_loss:.4f}", f"{c.diff_mean:+.4f}",
                 fmt_ci(c.ci95), c.verdict_raw] for c in rep.recovery])
     if rep.recovery_trends:
         doc.table(["scale", "family", "ratio", "control", "objective", "F", "sign per F", "change of sign"],
-                  [[t.scale, t.family, fmt_ratio(t.ratio), arm_label(t.control), t.recovery,
+                  [[t.scale, t.family, fmt_ratio(t.ratio), _control(t), t.recovery,
                     ", ".join(map(str, t.budgets)), " ".join("+" if x > 0 else "−" if x < 0 else "0" for x in t.signs),
                     f"between F={t.change[0]} and F={t.change[1]}" if t.change else "none established"]
                    for t in rep.recovery_trends])
+
+
+def _control(row) -> str:
+    """A row's control, with the row's values of the axes registered beyond the built-in ones."""
+    label = group_label(row.group)
+    return arm_label(row.control) + (f" ({label})" if label else "")
 
 
 def scorer_section(doc: Doc, rep: Report) -> None:

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from lightning_modules.declarations import names as M
+from orchestration.design.axes import BY_NAME
 
-from .analysis import PRIMARY, _interval_at, is_primary, mean
+from .analysis import PRIMARY, _interval_at, group_of, is_primary, mean
 from .read import Run
-from .rows import Comparison
+from .rows import Comparison, _without_empty_group, other_axes
 from .stats import ALPHA, t_interval
 
 FROM_SCRATCH = ("scratch_curve", "scratch_e", "scratch_b")  # the runs that train the pruned shape from scratch
@@ -60,9 +61,10 @@ class BreakEven:
     break_even: float | None  # F*, the mean gap's first upward crossing of 0 (descriptive; None when it has none)
     break_even_ci: list[float | None] | None  # [lower, upper] of F*; None at an open end
     note: str
+    group: dict = field(default_factory=dict)  # as Comparison.group: the values of the axes registered since
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return _without_empty_group(asdict(self))
 
 
 @dataclass
@@ -80,9 +82,10 @@ class Savings:
     factor_ci95: list[float] | None
     bound: str | None  # "> x" / "< x" (a multiple of F) when some seed's S lies outside its curve
     curve_range: list[int]  # the from-scratch budgets the curves span
+    group: dict = field(default_factory=dict)  # as Comparison.group
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return _without_empty_group(asdict(self))
 
 
 # ------------------------------------------------------------------------------------------------ break-even
@@ -111,7 +114,7 @@ def break_even(rows: list[Comparison], alpha: float = ALPHA) -> list[BreakEven]:
             groups[(str(c.scale), c.family, c.ratio, c.control, c.recovery,
                     tuple(sorted((k, str(v)) for k, v in c.group.items())))].append(c)
     out = []
-    for (scale, family, ratio, control, recovery, _), rs in sorted(groups.items()):
+    for (scale, family, ratio, control, recovery, _), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         rs.sort(key=lambda c: c.finetune_steps)
         if len(rs) < 2:
             continue
@@ -150,7 +153,8 @@ def break_even(rows: list[Comparison], alpha: float = ALPHA) -> list[BreakEven]:
         if point is not None and any(d < 0 for f, d in zip(fs, ds) if f > point):
             notes.append("the mean gap falls below 0 again at a larger F")
         out.append(BreakEven(scale, family, ratio, control, recovery, fs, ds,
-                             [list(b) if b else None for b in bands], level, state, point, ci, "; ".join(notes)))
+                             [list(b) if b else None for b in bands], level, state, point, ci, "; ".join(notes),
+                             dict(rs[0].group)))
     return out
 
 
@@ -193,22 +197,28 @@ def savings(runs: list[Run]) -> list[Savings]:
     """Per (cell, family, ratio, F) of the primary method's per-layer one-shot prunes by the LM loss: the savings
     factor (module docstring), on the primary eval set."""
     key = M.loss(M.FINAL, PRIMARY["eval_set"])
-    curves = defaultdict(dict)  # (cell, family, ratio, seed) -> steps -> loss
-    pruned = defaultdict(dict)  # (cell, family, ratio, F) -> seed -> loss
+    curves = defaultdict(dict)  # (cell, family, ratio, seed, own values) -> steps -> loss
+    pruned = defaultdict(dict)  # (cell, family, ratio, F, the group's other axes) -> seed -> loss
     for r in runs:
         if key not in r.metrics or r.ratio is None:
             continue
         if r.arm in FROM_SCRATCH and r.scope == "per_layer":
             if "steps" in r.params:  # the steps it trained (a run that does not record them is no curve point)
-                curves[(r.scale, r.family, r.ratio, r.seed)][int(round(float(r.params["steps"])))] = r.metrics[key]
+                curves[(r.scale, r.family, r.ratio, r.seed, _own(r))][int(round(float(r.params["steps"])))] = \
+                    r.metrics[key]
         elif (r.arm == "pruned" and r.prune_at == 1.0 and r.recovery == "lm" and (r.finetune_steps or 0) > 0
               and is_primary(r, "method", "scope", "schedule")):
-            pruned[(r.scale, r.family, r.ratio, r.finetune_steps)][r.seed] = r.metrics[key]
+            other = tuple(other_axes(group_of(r)).items()) if r.group is not None else ()
+            if r.seed in pruned[(r.scale, r.family, r.ratio, r.finetune_steps, other)]:
+                raise ValueError(f"two pruned runs of seed {r.seed} share the savings group of {r.name}")
+            pruned[(r.scale, r.family, r.ratio, r.finetune_steps, other)][r.seed] = r.metrics[key]
     out = []
-    for (scale, family, ratio, f), by_seed in sorted(pruned.items(), key=lambda kv: (str(kv[0][0]), kv[0][1:])):
+    for (scale, family, ratio, f, other), by_seed in sorted(pruned.items(), key=lambda kv: str(kv[0])):
         steps, logs, marks, spans = [], [], [], []
+        # the curve of a registered axis declared with one control per value is that value's
+        own = tuple((a, v) for a, v in other if a in BY_NAME and BY_NAME[a].controls == "each")
         for seed, loss in sorted(by_seed.items()):
-            curve = {b: v for b, v in curves.get((scale, family, ratio, seed), {}).items() if math.isfinite(v)}
+            curve = {b: v for b, v in curves.get((scale, family, ratio, seed, own), {}).items() if math.isfinite(v)}
             if len(curve) < 2 or not math.isfinite(loss):  # a broken run gives its seed no value (`finite` says so)
                 continue
             budgets = sorted(curve)
@@ -231,5 +241,11 @@ def savings(runs: list[Run]) -> list[Savings]:
             band = t_interval(logs)
             ci = [math.exp(band[0]), math.exp(band[1])] if band else None
         out.append(Savings(str(scale), family, ratio, f, len(steps), steps, factor, ci, bound,
-                           [min(spans), max(spans)]))
+                           [min(spans), max(spans)], dict(other)))
     return out
+
+
+def _own(r: Run) -> tuple:
+    """A from-scratch run's values of the registered axes it carries (one control per value); () for the others."""
+    return tuple((a, v) for a, v in other_axes(group_of(r)).items() if a in BY_NAME and BY_NAME[a].controls == "each"
+                 ) if r.group is not None else ()

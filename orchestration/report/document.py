@@ -13,6 +13,7 @@ from lightning_modules.declarations.arms import label as arm_label
 from . import axes, plots
 from .analysis import PRIMARY, eval_sets, is_primary
 from .render import Doc, fmt_ci, fmt_p, fmt_ratio
+from .rows import group_label
 from .summaries import heatmap_runs, series
 from .verdict import STATE_WORDS, Report
 
@@ -62,20 +63,25 @@ def _headline(doc: Doc, rep: Report, pg: _Page) -> None:
           f"not all run is **unverified**: no verdict is given on either.")
     lines, table = [], []
     swept = [a for a in control_names() if any(c.control == a for c in rep.primary())]  # the controls trained
+    # a row per ratio and value of every axis registered beyond the built-in ones (none: one row per ratio)
+    labelled = any(c.group for c in rep.primary())
     for scale, family in pg.scale_families:
         lines.append(f"**{scale} {family}**: {rep.headline(scale, family)}.")
         for ratio in sorted({c.ratio for c in rep.prunable if (c.scale, c.family) == (scale, family)}):
             h1 = [p for p in rep.prunable if (p.scale, p.family, p.ratio) == (scale, family, ratio)
                   and is_primary(p, "eval_set", "scope", "schedule")]
-            prim = {c.control: c for c in rep.primary() if (c.scale, c.family, c.ratio) ==
-                    (scale, family, ratio)}
-            table.append([scale, family, fmt_ratio(ratio),
-                          ", ".join(f"{p.method} {p.verdict}" for p in h1) or "—",
-                          *[(f"{prim[a].verdict} ({prim[a].diff_mean:+.4f}, simultaneous "
-                             f"{fmt_ci(prim[a].ci95_simultaneous)}, p_Holm {fmt_p(prim[a].p_holm)})"
-                             if a in prim else "—") for a in swept]])
+            mine = [c for c in rep.primary() if (c.scale, c.family, c.ratio) == (scale, family, ratio)]
+            for label in dict.fromkeys(group_label(c.group) for c in mine) or [""]:
+                prim = {c.control: c for c in mine if group_label(c.group) == label}
+                table.append([scale, family, fmt_ratio(ratio), *([label or "—"] if labelled else []),
+                              ", ".join(f"{p.method} {p.verdict}" for p in h1
+                                        if not labelled or group_label(p.group) == label) or "—",
+                              *[(f"{prim[a].verdict} ({prim[a].diff_mean:+.4f}, simultaneous "
+                                 f"{fmt_ci(prim[a].ci95_simultaneous)}, p_Holm {fmt_p(prim[a].p_holm)})"
+                                 if a in prim else "—") for a in swept]])
     doc.items(lines)
-    doc.table(["scale", "family", "ratio", "half (1): prunable before fine-tune (id)",
+    doc.table(["scale", "family", "ratio", *(["group"] if labelled else []),
+               "half (1): prunable before fine-tune (id)",
                *[f"half (2) vs {arm_label(a)}: verdict (diff, simultaneous CI, Holm p)" for a in swept]],
               table)
     if not rep.comparisons:
@@ -115,12 +121,14 @@ def _comparisons(doc: Doc, rep: Report, pg: _Page) -> None:
     doc.img(forest, "Primary method: control − pruned loss on id, mean and 95% CI per ratio and control "
                     "(right of 0: pruning wins)")
     main_rows, second = [], []
+    labelled = any(c.group for c in rep.comparisons)  # a column for the axes registered beyond the built-in ones
     for c in rep.comparisons:
         best = rep.best.get((c.scale, c.family, c.ratio, c.scope, c.schedule))
         is_best = best is not None and best[0] == c.method
         label = c.method + (" (best on val)" if is_best else "")
         row = [c.scale, c.family, fmt_ratio(c.ratio), c.heads_dense, c.heads_kept, label,
-               c.scope, c.schedule, "pre-FT" if c.finetune_steps == 0 and pg.ft else c.finetune_steps,
+               c.scope, c.schedule, *([group_label(c.group) or "—"] if labelled else []),
+               "pre-FT" if c.finetune_steps == 0 and pg.ft else c.finetune_steps,
                arm_label(c.control), c.eval_set, c.n_seeds, c.pruned_loss, c.control_loss,
                f"{c.diff_mean:+.4f}", fmt_ci(c.ci95), fmt_p(c.p_value), fmt_ci(c.ci95_holm), fmt_ci(c.ci95_simultaneous), fmt_p(c.p_holm),
                c.verdict]
@@ -129,7 +137,8 @@ def _comparisons(doc: Doc, rep: Report, pg: _Page) -> None:
             main_rows.append(row)
         else:
             second.append(row)
-    head = ["scale", "family", "ratio", "H", "kept", "method", "scope", "schedule", "fine-tune", "control", "set",
+    head = ["scale", "family", "ratio", "H", "kept", "method", "scope", "schedule", *(["group"] if labelled else []),
+            "fine-tune", "control", "set",
             "n", "pruned", "control", "diff", "95% CI", "p", "step-down CI", "simultaneous CI", "p Holm", "verdict"]
     doc.table(head, main_rows)
     if second:

@@ -62,6 +62,9 @@ class Run:
     # its comparison group, as the plan stamped it (headroom.group): (the grouped axes, those it stands for every
     # value of); None outside every group (dense runs)
     group: tuple[tuple[str, ...], frozenset] | None = field(init=False)
+    # a pruned run's controls as the plan paired them (headroom.controls): {arm: its controls' group tag}; None on
+    # other runs and on runs logged before the stamp
+    controls: dict | None = field(init=False)
 
     def tag(self, name: str) -> str:
         return self.tags.get(f"headroom.{name}", "none")
@@ -196,7 +199,8 @@ def runs_table(runs: list[Run]):
     params = sorted({k for r in runs for k in r.params})
     rows = []
     for r in runs:
-        row = {"run_id": r.run_id, "name": r.name, "cell": r.scale, **read_tags(r.tags), "group": run_group(r)}
+        tags = {k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v for k, v in read_tags(r.tags).items()}
+        row = {"run_id": r.run_id, "name": r.name, "cell": r.scale, **tags, "group": run_group(r)}
         row.update({m: r.metrics.get(m) for m in metrics})
         row.update({f"param/{p}": r.params.get(p) for p in params})
         rows.append(row)

@@ -69,9 +69,10 @@ class Prunable:
     dense_loss: float
     pruned_loss: float
     verdict: str  # prunable | not_prunable
+    group: dict = field(default_factory=dict)  # as Comparison.group
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return _without_empty_group(asdict(self))
 
 
 @dataclass
@@ -263,9 +264,10 @@ class RecoveryTrend:
     signs: list[int]
     level: float
     change: list[int] | None
+    group: dict = field(default_factory=dict)  # as Comparison.group
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return _without_empty_group(asdict(self))
 
 
 @dataclass
@@ -338,6 +340,15 @@ class Stability:
 def other_axes(key) -> dict:
     """A group's axes that a Comparison does not name a field after (an axis registered later), by name."""
     return {a: v for a, v in key._asdict().items() if a not in Comparison.__dataclass_fields__}
+
+
+def group_label(group: dict) -> str:
+    """A row's values of the axes registered beyond the built-in ones, as their declarations label them ("" when
+    the sweep has none): what tells two rows of one cell, ratio and control apart in the report, the console
+    verdict and the summary."""
+    from orchestration.design.axes import BY_NAME
+
+    return " ".join(BY_NAME[a].label_of(v) if a in BY_NAME else f"{a}={v}" for a, v in group.items())
 
 
 def _without_empty_group(d: dict) -> dict:

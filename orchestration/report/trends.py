@@ -172,7 +172,7 @@ def gap_points(runs: list[Run], exclude: frozenset = frozenset()) -> dict:
         if x is None:
             continue
         for arm in control_names():
-            ctrl = controls_of(controls, arm, gkey)
+            ctrl = controls_of(controls, arm, gkey, by_seed)
             seeds = [s for s in sorted(set(by_seed) & set(ctrl)) if key in by_seed[s].metrics and key in ctrl[s].metrics]
             if seeds:
                 out[(family, ratio, arm, tuple(other_axes(gkey).items()))].append(
@@ -351,11 +351,12 @@ def sign_changes(rows: list[Comparison], alpha: float = ALPHA) -> list[RecoveryT
     signs are opposite."""
     groups = defaultdict(list)
     for c in rows:
-        groups[(c.scale, c.family, c.ratio, c.control, c.recovery)].append(c)
+        groups[(c.scale, c.family, c.ratio, c.control, c.recovery, tuple((k, str(v)) for k, v in c.group.items()))
+               ].append(c)
     out = []
     order = {a: i for i, a in enumerate(control_names())}
-    for (scale, family, ratio, control, recovery), rs in sorted(
-            groups.items(), key=lambda kv: (kv[0][:3], order.get(kv[0][3], 99), kv[0][4])):
+    for (scale, family, ratio, control, recovery, _), rs in sorted(
+            groups.items(), key=lambda kv: (kv[0][:3], order.get(kv[0][3], 99), kv[0][4:])):
         rs.sort(key=lambda c: c.finetune_steps)
         if len(rs) < 2:
             continue
@@ -365,5 +366,5 @@ def sign_changes(rows: list[Comparison], alpha: float = ALPHA) -> list[RecoveryT
         change = next(([a[0], b[0]] for a, b in zip(known, known[1:]) if a[1] != b[1]), None)
         out.append(RecoveryTrend(scale=scale, family=family, ratio=ratio, control=control, recovery=recovery,
                                  budgets=[c.finetune_steps for c in rs], diffs=[c.diff_mean for c in rs],
-                                 signs=signs, level=level, change=change))
+                                 signs=signs, level=level, change=change, group=dict(rs[0].group)))
     return out

@@ -45,6 +45,7 @@ from .rows import (
     Stability,
     Timing,
     Trend,
+    group_label,
 )
 from .scorers import method_gaps, stability
 from .summaries import costs, evaluation_info, learning_rates, probe_slack, probes, redundancy
@@ -131,12 +132,13 @@ class Report:
         rows = [c for c in self.primary() if (c.scale, c.family) == (scale, family)]
         if not h1:
             return "not tested (the primary comparison is not in this sweep)"
-        half1 = "; ".join(f"r{p.ratio:g} {p.verdict.replace('_', ' ')}" for p in sorted(h1, key=lambda p: p.ratio))
+        half1 = "; ".join(f"r{p.ratio:g}{_labelled(p.group)} {p.verdict.replace('_', ' ')}"
+                          for p in sorted(h1, key=lambda p: p.ratio))
         if not rows:
             return f"half (1): {half1}; half (2) not tested (no controls)"
         words = defaultdict(list)
         for c in sorted(rows, key=lambda c: (c.ratio, control_names().index(c.control))):
-            words[c.verdict].append(f"{arm_label(c.control)} r{c.ratio:g}")
+            words[c.verdict].append(f"{arm_label(c.control)} r{c.ratio:g}" + _labelled(c.group))
         half2 = "; ".join(f"{w.replace('_', ' ')} vs {', '.join(words[w])}" for w in VERDICTS if words[w])
         found = "".join(f"; {f}" for f in findings(self.diagnostics, scale, family))
         return f"half (1): {half1}; half (2): {half2} (Holm-adjusted over {len(rows)} comparison(s)){found}"
@@ -253,15 +255,23 @@ def pays_lines(rep: Report, scale, family: str) -> list[str]:
         star = f"; mean crosses 0 at F* ≈ {b.break_even:,.0f}" if b.break_even is not None else ""
         how = {"scratch_b": "parent counted: its compute matched at each F",
                "scratch_e": "the small model trained the dense run's T steps"}.get(b.control, "")
-        out.append(f"recovery curve r{b.ratio:g} vs {arm_label(b.control)}{f' ({how})' if how else ''}: "
+        out.append(f"recovery curve r{b.ratio:g}{_labelled(b.group)} vs {arm_label(b.control)}"
+                   f"{f' ({how})' if how else ''}: "
                    f"{what}{star}")
     for x in rep.savings:
         if (x.scale, x.family) == (str(scale), family):
             told = (f"{x.factor:.3g}× [{x.factor_ci95[0]:.3g}, {x.factor_ci95[1]:.3g}]" if x.factor_ci95 else
                     f"{x.factor:.3g}×" if x.factor is not None else f"{x.bound}× (a bound)")
-            out.append(f"parent free r{x.ratio:g}, F = {x.finetune_steps}: the pruned start reaches the loss of "
+            out.append(f"parent free r{x.ratio:g}{_labelled(x.group)}, F = {x.finetune_steps}: the pruned start "
+                       f"reaches the loss of "
                        f"{told} F from-scratch steps (n={x.n_seeds})")
     return out
+
+
+def _labelled(group: dict) -> str:
+    """" (lr×0.5)": a row's values of the axes registered beyond the built-in ones; "" without any."""
+    label = group_label(group)
+    return f" ({label})" if label else ""
 
 
 def headline_table(rep: Report) -> str:
@@ -272,7 +282,7 @@ def headline_table(rep: Report) -> str:
             lines.append(f"  {scale} {family}: {rep.headline(scale, family)}")
             for d in rep.primary():
                 if (d.scale, d.family) == (scale, family):
-                    lines.append(f"      r{d.ratio:g} vs {arm_label(d.control):<9} {d.verdict:<18} "
+                    lines.append(f"      r{d.ratio:g}{_labelled(d.group)} vs {arm_label(d.control):<9} {d.verdict:<18} "
                                  f"diff {d.diff_mean:+.4f} simultaneous CI {fmt_ci(d.ci95_simultaneous)} "
                                  f"(unadjusted {fmt_ci(d.ci95)}) p_Holm {fmt_p(d.p_holm)} (n={d.n_seeds})")
             lines += [f"      {x}" for x in pays_lines(rep, scale, family)]

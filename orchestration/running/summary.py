@@ -8,7 +8,7 @@ import statistics
 
 from lightning_modules.declarations import names as M
 from lightning_modules.declarations.names import WORK_KINDS
-from orchestration.design.axes import BY_NAME, read_tags
+from orchestration.design.axes import BY_NAME, read_tags, registered
 from orchestration.design.unit import Cell, scale_rank
 
 WALL = M.cost("wall_s")  # a trial's seconds, as its tracker logged them
@@ -84,6 +84,9 @@ def loss_table(sweep_name: str, runs: list) -> str:
             arm += f" F{v['finetune_steps']}"  # the recovery budget, when the sweep has several
         if v["recovery"] == "distill":
             arm += " kd"
+        for a in registered():  # an axis registered beyond the built-in ones: its value, as it labels it
+            if v[a.name] != a.default:
+                arm += " " + a.label_of(v[a.name])
         for r in [ratio_text(v["ratio"])] if v["ratio"] is not None else pruned_ratios:  # a dense run: every ratio
             rows.setdefault((Cell(v["scale"], v["budget"]), v["family"], r, split), {}).setdefault(
                 arm, []).append(loss)
