@@ -55,9 +55,7 @@ def naive_trial(config):
     history = StepHistory()
     result = train_lm(dense.model, dense.train, dense.data, progress=False,
                       callbacks=[history, ReportAtValidation(history, Session(train=False).report)])
-    run_prune(result.lm.model.eval(), result.data, unit.plan, eval_batches=unit.train.eval_batches,
-              calibration_batches=unit.prune.calibration_batches, curve=unit.prune.curve,
-              curve_batches=unit.prune.curve_batches)
+    run_prune(result.lm.model.eval(), result.data, unit.prune_job())
     # the work it did, beside its seconds: the dense steps it trained (then it pruned, as a prune trial does)
     tune.report({"work_s": time.time() - t0, "dense_steps_trained": result.metrics["steps"]})
 

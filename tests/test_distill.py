@@ -10,7 +10,7 @@ from conftest import ROOT  # noqa: F401 - puts the repository on sys.path
 
 from lightning_modules.data.datamodule import HeadroomData
 from lightning_modules.declarations.config import DataConfig, model_config_for, train_config_for
-from lightning_modules.declarations.prune_plan import PrunePlan
+from lightning_modules.declarations.prune_plan import PruneData, PruneJob, PrunePlan
 from lightning_modules.models.build import build_model, load_model, token_losses
 from lightning_modules.models.heads import prune_heads
 from lightning_modules.pruning.run import run_prune
@@ -109,9 +109,9 @@ def test_recovery_by_distillation_trains_on_the_teacher_and_reports_lm_losses(xs
 
     lm_mod.HeadroomLM.training_step = spy
     try:
-        pruned, _, m = run_prune(model, data, plan, eval_batches=2, calibration_batches=1, curve=False,
-                                 latency_repeats=1, random_draws=0, recovery="distill",
-                                 distill=DistillSpec(temperature=2.0))
+        pruned, _, m = run_prune(model, data, PruneJob(
+            plan=plan, data=PruneData(calibration_batches=1, curve=False), eval_batches=2, latency_repeats=1,
+            random_draws=0, recovery="distill", distill=DistillSpec(temperature=2.0)))
     finally:
         lm_mod.HeadroomLM.training_step = orig
     assert m.recovery == {"kind": "distill", "temperature": 2.0, "lm_weight": 0.0}

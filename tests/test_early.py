@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lightning_modules.declarations.config import DataConfig, model_config_for, train_config_for
-from lightning_modules.declarations.prune_plan import PrunePlan
+from lightning_modules.declarations.prune_plan import PruneData, PruneJob, PrunePlan
 
 T = 12
 
@@ -29,6 +29,11 @@ def dense_run(request, tmp_path_factory, cache_dir):
     result = train_lm(model_config_for("xs", family), train, DataConfig(), callbacks=[Snapshots([0, 6], snaps)],
                       progress=False, data=data)
     return family, train, snaps, result
+
+
+def _job(plan):
+    """The prune job these tests run: two eval batches, one calibration batch."""
+    return PruneJob(plan=plan, data=PruneData(calibration_batches=1), eval_batches=2)
 
 
 def _data(family, train):
@@ -51,8 +56,7 @@ def test_keeping_every_head_continues_the_dense_run_to_its_own_final_weights(den
 
     family, train, snaps, result = dense_run
     plan = PrunePlan(method="magnitude", ratio=0.0)  # removes nothing
-    pruned, _, m = prune_and_continue(snaps / f"step{step}.ckpt", _data(family, train), plan, eval_batches=2,
-                                      calibration_batches=1)
+    pruned, _, m = prune_and_continue(snaps / f"step{step}.ckpt", _data(family, train), _job(plan))
     assert m.prune_step == step and m.continued_steps == T - step
     dense = dict(result.lm.model.named_parameters())
     for name, p in pruned.named_parameters():
@@ -96,7 +100,8 @@ def test_a_missing_snapshot_is_one_clear_error(tmp_path, dense_run):
 
     family, train, _, _ = dense_run
     with pytest.raises(HeadroomInputError, match="did not keep this step"):
-        prune_and_continue(tmp_path / "step3.ckpt", _data(family, train), PrunePlan(method="random", ratio=0.5))
+        prune_and_continue(tmp_path / "step3.ckpt", _data(family, train),
+                           PruneJob(plan=PrunePlan(method="random", ratio=0.5)))
 
 
 @pytest.fixture(scope="module")
@@ -121,14 +126,14 @@ def test_a_prune_during_bf16_training_continues_the_run_and_ablation_scores_it(b
     from lightning_modules.pruning.early import prune_and_continue
 
     train, snaps, result = bf16_run
-    keep, _, m = prune_and_continue(snaps / "step6.ckpt", _data("decoder", train), PrunePlan(method="ablation",
-                                    ratio=0.0), eval_batches=2, calibration_batches=1)
+    keep, _, m = prune_and_continue(snaps / "step6.ckpt", _data("decoder", train),
+                                    _job(PrunePlan(method="ablation", ratio=0.0)))
     dense = dict(result.lm.model.named_parameters())
     for name, p in keep.named_parameters():
         assert torch.allclose(p, dense[name], atol=1e-5, rtol=1e-4), name
     assert m.loss["pre_ft"]["val"]["loss"] == pytest.approx(result.metrics["final"]["val"]["loss"], rel=1e-4)
-    half, scores, m = prune_and_continue(snaps / "step6.ckpt", _data("decoder", train), PrunePlan(
-        method="ablation", ratio=0.5), eval_batches=2, calibration_batches=1)
+    half, scores, m = prune_and_continue(snaps / "step6.ckpt", _data("decoder", train),
+                                         _job(PrunePlan(method="ablation", ratio=0.5)))
     assert sum(m.heads_kept) == sum(m.heads_dense) // 2  # ratio 0.5 per layer
     losses = [v["loss"] for stage in ("pre_ft", "final") for v in m.loss[stage].values()]
     assert all(torch.isfinite(torch.tensor(x)) for x in losses) and m.continued_steps == T - 6

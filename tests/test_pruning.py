@@ -12,7 +12,7 @@ from conftest import ROOT, headroom
 from lightning_modules.data.datamodule import HeadroomData
 from lightning_modules.declarations.config import DataConfig, HeadroomInputError, model_config_for, train_config_for
 from lightning_modules.declarations.costs import flops_per_token
-from lightning_modules.declarations.prune_plan import PrunePlan
+from lightning_modules.declarations.prune_plan import PruneData, PruneJob, PrunePlan
 from lightning_modules.models.build import build_model, load_model, save_model
 from lightning_modules.models.families import layer_heads
 from lightning_modules.pruning.choose import heads_to_keep, select_heads
@@ -102,8 +102,8 @@ def test_recovery_fine_tune_rate_is_chosen_on_val(xs_decoder_run, data):
     model = load_model(xs_decoder_run / "model")
     grid = (1e-5, 3e-4, 3e-2)
     plan = PrunePlan(method="magnitude", ratio=0.5, finetune_steps=6, finetune_lr_grid=grid)
-    pruned, _, m = run_prune(model, data, plan, eval_batches=2, calibration_batches=1, curve=False,
-                             latency_repeats=1)
+    pruned, _, m = run_prune(model, data, PruneJob(plan=plan, data=PruneData(calibration_batches=1, curve=False),
+                                                    eval_batches=2, latency_repeats=1))
     ft = m.finetune
     assert ft["source"] == "val-grid" and set(ft["grid"]) == {f"{x:.6g}" for x in grid}
     assert ft["lr"] == min(grid, key=lambda x: ft["grid"][f"{x:.6g}"])
@@ -128,8 +128,8 @@ def test_recovery_fine_tune_rate_is_chosen_on_val(xs_decoder_run, data):
     assert json.loads(json.dumps(m.to_json()))["heads_kept"] == m.heads_kept == [len(k) for k in m.kept]
     # a fixed rate is used as given
     fixed = PrunePlan(method="magnitude", ratio=0.5, finetune_steps=2, finetune_lr=3e-4)
-    _, _, m2 = run_prune(load_model(xs_decoder_run / "model"), data, fixed, eval_batches=1, calibration_batches=1,
-                         curve=False, latency_repeats=1)
+    _, _, m2 = run_prune(load_model(xs_decoder_run / "model"), data, PruneJob(
+        plan=fixed, data=PruneData(calibration_batches=1, curve=False), eval_batches=1, latency_repeats=1))
     assert m2.finetune == {"lr": 3e-4, "source": "fixed", "grid": {"0.0003": m2.finetune["grid"]["0.0003"]}}
 
 
@@ -152,8 +152,9 @@ def test_headless_encoder_pruned_by_distillation(tmp_path):
                  ).save_pretrained(tmp_path / "b")
     model = load_model(tmp_path / "b")
     dm = HeadroomData(DataConfig(), train_config_for("xs", batch_size=4, seq_len=32), "decoder").prepare()
-    pruned, _, m = run_prune(model, dm, PrunePlan(method="gradient", ratio=0.5, finetune_steps=3, finetune_lr=3e-4),
-                             eval_batches=1, calibration_batches=1, latency_repeats=2, curve=False)
+    pruned, _, m = run_prune(model, dm, PruneJob(
+        plan=PrunePlan(method="gradient", ratio=0.5, finetune_steps=3, finetune_lr=3e-4),
+        data=PruneData(calibration_batches=1, curve=False), eval_batches=1, latency_repeats=2))
     assert m.loss_kind == "distill-cosine"
     assert m.loss["dense"]["id"]["loss"] == pytest.approx(0.0, abs=1e-6)  # the teacher is the dense model
     assert m.loss["pre_ft"]["id"]["loss"] > 1e-4

@@ -130,3 +130,24 @@ def check_ratio_fits(layer_heads: list[int], ratio: float, scope: str) -> None:
                 raise HeadroomInputError(f"ratio {ratio} would empty layer {l} ({n} heads) under per_layer scope")
     elif sum(layer_heads) - heads_removed(sum(layer_heads), ratio) < len(layer_heads):
         raise HeadroomInputError(f"ratio {ratio} leaves fewer heads than layers")
+
+
+RANDOM_DRAWS = 4  # extra random choices a `random` prune evaluates besides its own (pruning/run.py)
+
+
+class PruneJob(Strict):
+    """One prune, whole: which heads go and how the model recovers (`plan`), the data it reads besides its
+    checkpoint (`data`: calibration, the mask-only curve), its evaluation budget (None: every clean window of
+    each split, up to the stated cap), what the recovery fine-tune minimises and how it distils, and the side
+    measurements (latency, the extra random draws of a `random` prune). What `run_prune` and
+    `prune_and_continue` take: a sweep's prune unit gives its own (`Unit.prune_job`), `headroom prune` builds one
+    from its flags."""
+
+    plan: PrunePlan
+    data: PruneData = PruneData()
+    eval_batches: int | None = Field(default=None, gt=0)
+    recovery: RecoveryKind = "lm"
+    distill: DistillSpec | None = None
+    latency_batch_size: int = Field(default=16, gt=0)
+    latency_repeats: int = Field(default=20, gt=0)
+    random_draws: int = Field(default=RANDOM_DRAWS, ge=0)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from lightning_modules.declarations.config import HeadroomInputError
-from lightning_modules.declarations.prune_plan import DEFAULT_CALIBRATION_BATCHES, PrunePlan
+from lightning_modules.declarations.prune_plan import PruneJob
 from lightning_modules.models.build import count_parameters
 from lightning_modules.models.families import layer_heads
 from lightning_modules.models.heads import prune_heads
@@ -26,7 +26,7 @@ from lightning_modules.pruning.measure import WorkTimer, evaluate_loss, forward_
 from lightning_modules.pruning.recover import recover
 from lightning_modules.pruning.result import PruneResult
 from lightning_modules.pruning.scoring import LossFn, default_loss
-from lightning_modules.training.distill import DistillSpec, recovery_loss, recovery_record
+from lightning_modules.training.distill import recovery_loss, recovery_record
 from lightning_modules.training.lm import HeadroomLM, eval_record, load_lm, optimizer_params
 from lightning_modules.training.loop import TrainClock, build_trainer, fit
 
@@ -71,16 +71,16 @@ def pruned_checkpoint(raw: dict, model, keep: list[list[int]]):
     return pruned, ck
 
 
-def prune_and_continue(snapshot: str | os.PathLike, data, plan: PrunePlan, *, eval_batches: int | None = None,
-                       calibration_batches: int = DEFAULT_CALIBRATION_BATCHES, loss_fn: LossFn | None = None,
-                       dense_eval: dict | None = None, progress: bool = False, recovery: str = "lm",
-                       distill: DistillSpec | None = None, teacher=None):
+def prune_and_continue(snapshot: str | os.PathLike, data, job: PruneJob, *, loss_fn: LossFn | None = None,
+                       dense_eval: dict | None = None, progress: bool = False, teacher=None):
     """The prune stage started at a dense run's snapshot (`Snapshots` of training/loop.py): score its model on calibration,
     remove heads, train on to the run's T steps (same schedule, data, moments), evaluate (`pre_ft`: the pruned
     model at T before the recovery fine-tune), recover, evaluate again. `data` is the dense run's data module.
     Returns (pruned model, scores, its PruneResult) as run_prune does; `dense_eval` is the dense model's evaluation at
-    T on the same windows (the sweep's train trial measured it). `recovery` "distill" fine-tunes towards
-    `teacher`, the dense run's model at T (the one a prune at p = 1 distils from)."""
+    T on the same windows (the sweep's train trial measured it). A job's recovery "distill" fine-tunes towards
+    `teacher`, the dense run's model at T (the one a prune at p = 1 distils from). The job's curve and latency
+    settings do not apply: a prune during training draws no curve and times nothing."""
+    plan, recovery, distill = job.plan, job.recovery, job.distill
     t_start = time.perf_counter()
     timer = WorkTimer()
     if not Path(snapshot).is_file():
@@ -92,8 +92,8 @@ def prune_and_continue(snapshot: str | os.PathLike, data, plan: PrunePlan, *, ev
     loss_fn = loss_fn or default_loss(model)
     heads = layer_heads(model)
     sets = ["val", *data.eval_sets]
-    loaders = {s: data.loader(s, eval_batches) for s in sets}
-    calib = list(data.loader("calibration", calibration_batches))
+    loaders = {s: data.loader(s, job.eval_batches) for s in sets}
+    calib = list(data.loader("calibration", job.data.calibration_batches))
     seq_len = calib[0]["input_ids"].shape[1]
     with timer("score_s"):
         keep, scores = select_heads(model, calib, plan, loss_fn=loss_fn)

@@ -20,7 +20,7 @@ from lightning_modules.declarations.config import (
     train_config_for,
 )
 from lightning_modules.declarations.methods import METHODS
-from lightning_modules.declarations.prune_plan import PrunePlan, check_ratio_fits
+from lightning_modules.declarations.prune_plan import PruneData, PruneJob, PrunePlan, check_ratio_fits
 from lightning_modules.models.checkpoints import METRICS_FILE, checkpoint_info
 from orchestration.report.plots import heatmap
 from orchestration.running.artifacts import RUN_ARTIFACTS, write_prune
@@ -233,9 +233,9 @@ def cmd_prune(args) -> int:
         run_train = (info.run or {}).get("train_config") or {}
         # the fine-tune continues the run's order where it stopped: T × the run's own batch size, whatever --batch-size
         start = run_train["steps"] * run_train["batch_size"] if "batch_size" in run_train else None
-        pruned, scores, result = run_prune(model, data, plan, eval_batches=args.eval_batches,
-                                            curve_batches=args.curve_batches, data_start=start,
-                                            calibration_batches=args.calibration_batches, progress=not args.quiet)
+        job = PruneJob(plan=plan, data=PruneData(calibration_batches=args.calibration_batches,
+                                                 curve_batches=args.curve_batches), eval_batches=args.eval_batches)
+        pruned, scores, result = run_prune(model, data, job, data_start=start, progress=not args.quiet)
         metrics = {**result.to_json(), "checkpoint": str(args.checkpoint), "corpus_hash": data.corpus_hash,
                    "eval_sets": data.eval_sets, "tokenizer": data.tokenizer.name}
         write_prune(staging, pruned, metrics, data.tokenizer, data.eval_sets, plan.method, f"{plan.scope}: ")

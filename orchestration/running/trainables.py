@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ray import tune
 
-from lightning_modules.declarations import names as metric_names
+from lightning_modules.declarations import names as M
 from lightning_modules.declarations.config import HeadroomInputError, jsonable
 from lightning_modules.models.checkpoints import METRICS_FILE
 from orchestration.design.plan import lr_candidate, snapshot_step, unit_scoring_flops
@@ -182,7 +182,7 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
         session.report({"step": m["steps"]})
         return
     timing = {**m["timing"], "score_s": callbacks[0].seconds if unit.probes else 0.0}
-    final = {**_train_metrics(m), **_run_params(unit), **metric_names.timing(timing), "step": m["steps"],
+    final = {**_train_metrics(m), **_run_params(unit), **M.timing(timing), "step": m["steps"],
              HISTORY: history.take(), DONE: 1, WORK: time.time() - t0,
              RESUMED: history.start_step if history.start_step is not None else m["steps"]}
     if is_search:  # the objective is the val loss at the last step
@@ -192,7 +192,7 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
             t = unit.train
             v = evaluate(result.lm.model, result.data.loader("val", t.val_batches))
             report.last_val = (v["loss"], v["ppl"])
-        final.update({metric_names.VAL_LOSS: report.last_val[0], metric_names.VAL_PPL: report.last_val[1]})
+        final.update({M.VAL_LOSS: report.last_val[0], M.VAL_PPL: report.last_val[1]})
         session.report(final)
         return
     out = work / "final"
@@ -250,28 +250,24 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
     work = Path(tempfile.mkdtemp(prefix="headroom-prune-"))
     model_dir, dense_eval, local = _dense_checkpoint(cfg["dense"], work)
     data = HeadroomData(unit.data, unit.train, unit.family, data_hash=unit.corpus_hash).prepare()
-    plan, run = unit.plan, unit.prune
+    # latency is a side measurement here (benchmarks/prune_speed.py measures it properly): a few passes suffice
+    job = unit.prune_job(latency_repeats=LATENCY_REPEATS)
+    plan = job.plan
     # the dense model's losses on these very windows were measured by its train trial: not measured again
     if unit.prune_at < 1:  # prune the dense run's own checkpoint at p·T, train on to T, then recover
         from lightning_modules.pruning.early import prune_and_continue
 
         step = snapshot_step(unit.prune_at, unit.train.steps)
         teacher = load_model(model_dir) if unit.recovery == "distill" else None  # the dense model at T
-        pruned, _, result = prune_and_continue(local / SNAPSHOTS_DIR / f"step{step}.ckpt", data, plan,
-                                          eval_batches=unit.train.eval_batches,
-                                          calibration_batches=run.calibration_batches, dense_eval=dense_eval,
-                                          recovery=unit.recovery, distill=unit.distill, teacher=teacher)
+        pruned, _, result = prune_and_continue(local / SNAPSHOTS_DIR / f"step{step}.ckpt", data, job,
+                                               dense_eval=dense_eval, teacher=teacher)
     else:
         model = load_model(model_dir)
         if torch.cuda.is_available():
             model = model.cuda()
         if data.vocab_size > model.config.vocab_size:
             raise HeadroomInputError(f"tokenizer has {data.vocab_size} tokens, the model {model.config.vocab_size}")
-        # latency is a side measurement here (benchmarks/prune_speed.py measures it properly): a few passes suffice
-        pruned, _, result = run_prune(model, data, plan, eval_batches=unit.train.eval_batches,
-                                 calibration_batches=run.calibration_batches, curve=run.curve,
-                                 curve_batches=run.curve_batches, latency_repeats=LATENCY_REPEATS,
-                                 dense_eval=dense_eval, recovery=unit.recovery, distill=unit.distill)
+        pruned, _, result = run_prune(model, data, job, dense_eval=dense_eval)
     m = {**result.to_json(), "unit": unit.to_dict(), "corpus_hash": data.corpus_hash, "eval_sets": data.eval_sets,
          "seconds": time.time() - t0}
     out = work / "final"
@@ -279,7 +275,7 @@ def prune_trial(config: dict, skip: frozenset = frozenset()):
                 f"{unit.scale} {unit.family} seed {unit.seed}: ")
     flat = {"step": plan.finetune_steps, HISTORY: "[]", DONE: 1, KEPT: json.dumps(result.heads_kept),
             WORK: m["seconds"], **{k: m[k] for k in EVAL_PARAMS}, **_run_params(unit),
-            **metric_names.timing(result.timing),
+            **M.timing(result.timing),
             **result.metrics(data.eval_sets, unit_scoring_flops(unit, sum(result.heads_dense),
                                                                 result.flops_per_token["dense"]["total"]))}
     tune.report(flat, checkpoint=tune.Checkpoint.from_directory(str(out)))
