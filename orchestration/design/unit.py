@@ -259,16 +259,10 @@ class Unit:
         None for the other units."""
         if self.arm != "pruned" or self.stage != "prune":
             return None
-        out = {}
-        for name, arm in ARMS.items():
-            if not arm.control:
-                continue
-            scope = self.scope if arm.for_global or self.scope != "global" else "per_layer"
-            wild = stands_for(name, scope, self.finetune_steps)
-            values = self._group_values()
-            values["scope"] = scope
-            out[name] = group_text(values, wild)
-        return out
+        values = self._group_values()  # a per-layer control of a global prune stands for every scope: `*` there
+        return {name: group_text(values, stands_for(name, self.scope if arm.for_global else "per_layer",
+                                                    self.finetune_steps))
+                for name, arm in ARMS.items() if arm.control}
 
     def _group_values(self) -> dict:
         """Each grouped axis's value as its tag reads back (a control's "none" F or recovery: the axis's default),

@@ -216,7 +216,7 @@ def savings(runs: list[Run]) -> list[Savings]:
     for (scale, family, ratio, f, other), by_seed in sorted(pruned.items(), key=lambda kv: str(kv[0])):
         steps, logs, marks, spans = [], [], [], []
         # the curve of a registered axis declared with one control per value is that value's
-        own = tuple((a, v) for a, v in other if a in BY_NAME and BY_NAME[a].controls == "each")
+        own = _per_value(other)
         for seed, loss in sorted(by_seed.items()):
             curve = {b: v for b, v in curves.get((scale, family, ratio, seed, own), {}).items() if math.isfinite(v)}
             if len(curve) < 2 or not math.isfinite(loss):  # a broken run gives its seed no value (`finite` says so)
@@ -245,7 +245,11 @@ def savings(runs: list[Run]) -> list[Savings]:
     return out
 
 
+def _per_value(pairs) -> tuple:
+    """Of (axis, value) pairs, those of the registered axes declared with one control per value."""
+    return tuple((a, v) for a, v in pairs if a in BY_NAME and BY_NAME[a].controls == "each")
+
+
 def _own(r: Run) -> tuple:
     """A from-scratch run's values of the registered axes it carries (one control per value); () for the others."""
-    return tuple((a, v) for a, v in other_axes(group_of(r)).items() if a in BY_NAME and BY_NAME[a].controls == "each"
-                 ) if r.group is not None else ()
+    return _per_value(other_axes(group_of(r)).items()) if r.group is not None else ()
