@@ -162,9 +162,9 @@ def test_every_shipped_sweep_stamps_on_each_prune_the_controls_its_plan_made():
             for arm in sweep.controls:
                 from lightning_modules.declarations.arms import ARMS
 
-                if ARMS[arm].per_recovery and (p.prune.finetune_steps, p.recovery) not in {
+                if ARMS[arm].per_recovery and (p.finetune_steps, p.recovery) not in {
                         (f, k) for f in sweep.finetune_steps(p.scale) for k in ARMS[arm].recoveries} \
-                        and p.finetune_steps is not None:
+                        and p.f_label is not None:
                     continue  # a recovery this control is not planned for (F = 0 of a ladder without it)
                 if p.prune_at != 1.0 and p.scope == "global" and ARMS[arm].for_global:
                     continue  # a global prune during training has no controls of its own
@@ -212,12 +212,23 @@ def test_a_sweep_with_the_axis_labels_and_pairs_each_group_everywhere(tmp_path, 
                    and c["stage"] == "final" and c.get("group") == {"lr_scale": v}]
             assert len(got) == 1 and got[0]["diff_mean"] == pytest.approx(want, abs=1e-9)
     assert sorted(s["group"]["lr_scale"] for s in verdict["savings"]) == [0.5, 2.0]
+    # the prune curves' point after recovery and the replication across eval sets: a row per value, as by hand
+    for v in (0.5, 2.0):
+        mine = [float(x[loss]) for x in pruned if float(x["lr_scale"]) == v]
+        got = [c for c in verdict["prune_curves"] if c["eval_set"] == "id" and c["finetune_steps"] == 10
+               and c.get("group") == {"lr_scale": v}]
+        assert len(got) == 1 and got[0]["loss_mean"] == pytest.approx(statistics.fmean(mine), abs=1e-9)
+        assert got[0]["n_seeds"] == 2
+        assert any(c["finetune_steps"] == 0 and c.get("group") == {"lr_scale": v} for c in verdict["prune_curves"])
 
     md = (report / "report.md").read_text()
     headline = md.split("## 1. Headline")[1].split("## ")[0]
     assert "| group |" in headline and "| lr×0.5 |" in headline and "| lr×2 |" in headline
     section3 = md.split("## 3.")[1].split("## 4.")[0]
     assert section3.count("| lr×0.5 |") == section3.count("| lr×2 |") >= 4
+    section4 = md.split("## 4.")[1].split("## ")[0]  # the embedded text has a shifted eval set: a row per value
+    for c in ("Scratch-E", "Scratch-B"):
+        assert [f"| {c} (lr×{v}) |" in section4 for v in ("0.5", "2")] == [True, True], section4
 
     # the report paired by the plan's stamp; the plan's rule applied afresh to the same runs pairs the same runs
     from orchestration.design.axes import unregister_axis

@@ -115,6 +115,39 @@ def test_units_name_their_recovery_and_single_recovery_sweeps_keep_their_keys():
     assert keys(same) == keys(base)
 
 
+def test_a_units_recovery_budget_lives_on_the_unit_alone():
+    """F is held once, on the unit: a prune unit's settings have no budget of their own, its plan (what the prune
+    runs) reads the unit's; the label the names, tags and groups read (`f_label`) is F exactly where the scale
+    lists several. A unit serialised in the layout before (the budget on its prune settings, the label on the
+    unit) comes back as the unit it is now, with its key."""
+    from orchestration.design.plan import build_plan
+    from orchestration.design.spec import parse_sweep
+    from orchestration.design.unit import Unit
+
+    for text, several in ((RECOVERY, True), (GOOD.replace("methods: [gradient, random]}",
+                                                         "methods: [gradient], finetune_steps: 6, finetune_lr: 1.0e-3}").replace(
+                                                  "[scratch_e]", "[scratch_e, scratch_b]"), False)):
+        plan = build_plan(parse_sweep(text), "-")
+        pruned, scratch_b = plan.pruned, [u for u in plan.trained if u.arm == "scratch_b"]
+        assert pruned and scratch_b
+        for u in pruned:
+            assert "finetune_steps" not in type(u.prune).model_fields and u.plan.finetune_steps == u.finetune_steps
+            assert u.tags()["headroom.finetune_steps"] == str(u.finetune_steps)
+            assert (f"-F{u.finetune_steps}" in u.name) == several
+        for u in pruned + scratch_b:
+            assert u.f_label == (u.finetune_steps if several else None)
+            old = u.to_dict()
+            old.pop("f_varies")
+            old["finetune_steps"] = u.f_label
+            if old["prune"] is not None:
+                old["prune"]["finetune_steps"] = u.finetune_steps
+            elif not several:
+                old.pop("finetune_steps")  # a control of a one-F scale held none
+            back = Unit.from_dict(json.loads(json.dumps(old)))
+            assert back.with_key().key == u.key and back.name == u.name
+            assert back.finetune_steps == (u.finetune_steps if u.prune or several else None)
+
+
 @pytest.mark.parametrize("edit,message", [
     (("[scratch_e]", "[scratch_kd]"), "controls: scratch_kd is matched to a recovery by distill; add it to prune.recovery"),
     (("methods: [gradient, random]}", "methods: [gradient], recovery: [distill]}"),

@@ -223,6 +223,7 @@ def test_a_grouped_axis_declared_in_the_test_alone_is_grouped_paired_and_trended
     from orchestration.report.read import SweepRuns
 
     gaps = {"a": (0.10, 0.12, 0.08), "b": (-0.05, -0.03, -0.07)}  # Scratch-E − pruned, per seed
+    early = {"a": 0.02, "b": 0.2}  # pruned at p = 0.5 − pruned at p = 1
     slope = {"xs": 0.0, "s": 0.02, "m": 0.04}  # the gap grows with the scale, the same for both widgets
     register_axis(Axis("widget", "prune.widget", groups=True, controls="each"))
     try:
@@ -253,6 +254,9 @@ def test_a_grouped_axis_declared_in_the_test_alone_is_grouped_paired_and_trended
                         schedule="one_shot", kept="4", finetune_steps="10")
                     run("scratch_e", scale, seed, w, pruned + g[seed] + slope[scale], ratio="0.5", scope="per_layer",
                         heads="4")
+                    if scale == "xs":  # pruned halfway through training: worse by a widget's own amount
+                        run("pruned", scale, seed, w, pruned + early[w], method="gradient", ratio="0.5",
+                            scope="per_layer", schedule="one_shot", kept="4", finetune_steps="10", prune_at="0.5")
                 run("scratch_b", scale, seed, "none", 2.05 + 0.01 * seed - 0.2, every_widget=True, ratio="0.5",
                     scope="per_layer", heads="4")
         rep = build(SweepRuns("memory", "t", "hash", "parent", None, runs, [], {}))
@@ -275,5 +279,12 @@ def test_a_grouped_axis_declared_in_the_test_alone_is_grouped_paired_and_trended
             assert [p.diff_mean for p in t.points] == pytest.approx(
                 [statistics.fmean(gaps[t.group["widget"]]) + slope[s] for s in ("xs", "s", "m")], abs=1e-12)
             assert t.slope > 0
+        # the timing rows: a row per widget, each against its own p = 1 prunes and its own Scratch-E, by hand
+        half = [t for t in rep.timing if t.prune_at == 0.5]
+        assert sorted(t.group["widget"] for t in half) == ["a", "b"]
+        for t in half:
+            w = t.group["widget"]
+            assert t.vs_late_mean == pytest.approx(early[w], abs=1e-12)
+            assert t.vs_scratch_e_mean == pytest.approx(statistics.fmean(gaps[w]) - early[w], abs=1e-12)
     finally:
         unregister_axis("widget")

@@ -196,8 +196,8 @@ def test_planted_verdicts_and_intervals_match_scipy(planted):
     assert pt["loss_ci95"] == pytest.approx([lo, hi])
     after = _row(v["prune_curves"], scale="xs", method="gradient", eval_set="id", ratio=0.5, finetune_steps=10)
     assert after["loss_mean"] == pytest.approx(statistics.fmean(PRUNED_FT))
-    assert rep.fractions[("xs", "decoder", "gradient", "per_layer", "one_shot", "id")] == 0.4
-    assert rep.fractions[("xs", "decoder", "random", "per_layer", "one_shot", "id")] == 0.1
+    assert rep.fractions[("xs", "decoder", "gradient", "per_layer", "one_shot", "id", ())] == 0.4
+    assert rep.fractions[("xs", "decoder", "random", "per_layer", "one_shot", "id", ())] == 0.1
 
     # the claim at xs, per control (Holm over the three primary comparisons changes none of them here)
     assert rep.headline("xs", "decoder") == ("half (1): r0.5 prunable; half (2): supported vs Scratch-E r0.5; "
@@ -362,7 +362,7 @@ def test_best_method_is_chosen_on_val_and_a_failed_half_1_is_said(tmp_path):
                                     method=method, ratio=0.5, scope="per_layer", schedule="one_shot", kept="4"))
         runs.append(_memory_run("scratch_e", s, {"final/id/loss": 2.1}, ratio=0.5, scope="per_layer", heads="4"))
     rep = build(SweepRuns("memory", "t", "h", "p", None, runs, []))
-    method, val = rep.best[("xs", "decoder", 0.5, "per_layer", "one_shot")]
+    method, val = rep.best[("xs", "decoder", 0.5, "per_layer", "one_shot", ())]
     assert method == "random" and val == pytest.approx(2.051)
     assert [p.verdict for p in rep.prunable if p.method == "gradient"] == ["not_prunable"]
     assert rep.headline("xs", "decoder").startswith("half (1): r0.5 not prunable; half (2):")

@@ -47,13 +47,19 @@ class PruneData(Strict):
         return {k: getattr(self, k) for k in PruneData.model_fields}
 
 
-class Recovery(Strict):
-    """How a prune proceeds once its method, ratio, scope and schedule say which heads go: the iterative `step`,
-    then `finetune_steps` of recovery training at `finetune_lr`, or at each rate of `finetune_lr_grid` (the one
-    with the lowest validation loss kept). Declared once: a PrunePlan and a sweep unit's PruneRun both extend it."""
+def candidate_rates(finetune_lr: float | None, finetune_lr_grid) -> tuple[float, ...]:
+    """The recovery rates a fine-tune tries: the fixed rate, else every rate of the grid — the one rule that a
+    prune's recovery, Scratch-B's charge (`recovery_steps`) and the report's check of that charge all read."""
+    return (finetune_lr,) if finetune_lr is not None else tuple(finetune_lr_grid)
+
+
+class RecoveryRecipe(Strict):
+    """How a prune proceeds once its method, ratio, scope and schedule say which heads go, whatever the length of
+    its recovery: the iterative `step`, then recovery training at `finetune_lr`, or at each rate of
+    `finetune_lr_grid` (the one with the lowest validation loss kept). Declared once: Recovery adds the budget F;
+    a sweep unit's PruneRun extends this alone, since the unit holds its F (orchestration/design/unit.py)."""
 
     step: IterativeStep = DEFAULT_STEP
-    finetune_steps: int = Field(default=0, ge=0)
     finetune_lr: float | None = Field(default=None, gt=0)
     finetune_lr_grid: tuple[Annotated[float, Field(gt=0)], ...] = ()
     # up to this many more rates, one at a time, while the best rate tried is the lowest or the highest tried: one
@@ -63,14 +69,24 @@ class Recovery(Strict):
     # recipe (methods.Method.compensates: on for flap)
     bias_compensation: bool | None = None
 
-    def recovery(self) -> dict:
+    def recipe(self) -> dict:
         """The fields declared here, to build the other model that extends this one."""
-        return {k: getattr(self, k) for k in Recovery.model_fields}
+        return {k: getattr(self, k) for k in RecoveryRecipe.model_fields}
 
     @property
     def finetune_lrs(self) -> tuple[float, ...]:
         """The fine-tune rates to try: the fixed one, or the grid."""
-        return (self.finetune_lr,) if self.finetune_lr is not None else tuple(self.finetune_lr_grid)
+        return candidate_rates(self.finetune_lr, self.finetune_lr_grid)
+
+
+class Recovery(RecoveryRecipe):
+    """A recovery whole: its recipe and its budget, `finetune_steps` (F) of recovery training."""
+
+    finetune_steps: int = Field(default=0, ge=0)
+
+    def recovery(self) -> dict:
+        """The fields declared here and in the recipe, to build the other model that extends this one."""
+        return {k: getattr(self, k) for k in Recovery.model_fields}
 
     @property
     def recovery_steps(self) -> int:

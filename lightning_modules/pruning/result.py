@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from lightning_modules.declarations import names as M
+from lightning_modules.declarations.prune_plan import candidate_rates
 
 # the stages a prune evaluates (`loss`'s keys) and the metric stage each is reported under
 STAGES = (("final", M.FINAL), ("pre_ft", M.PRE_FT), ("dense", M.DENSE), ("pruned_no_ft", M.NO_FT))
@@ -47,7 +48,7 @@ class PruneResult:
         """The steps trained at the pruned size in recovery: F for every rate tried (the grid, and any tried past an
         edge of it: more than Scratch-B was charged, which counts the grid)."""
         steps = self.plan["finetune_steps"]
-        rates = 1 if self.plan.get("finetune_lr") is not None else len(self.plan.get("finetune_lr_grid") or ())
+        rates = len(candidate_rates(self.plan.get("finetune_lr"), self.plan.get("finetune_lr_grid") or ()))
         return steps * max(len(self.finetune["grid"]), rates) if steps else 0
 
     def to_json(self) -> dict:

@@ -130,11 +130,11 @@ AXES: list[Axis] = [  # declaration order; register_axis adds one (a test, or a 
     # the recovery budget F: a prune unit's own; a budget-matched control's when the sweep lists several F ("none":
     # it stands for every F)
     Axis("finetune_steps", "prune.finetune_steps", None, to_tag=_int_or_none, from_tag=_int_or(None),
-         get=lambda u: u.prune.finetune_steps if u.stage == "prune" else u.finetune_steps,
-         groups=True, in_name=lambda u: None if u.finetune_steps is None else f"F{u.finetune_steps}"),
+         get=lambda u: u.finetune_steps if u.stage == "prune" else u.f_label,
+         groups=True, in_name=lambda u: None if u.f_label is None else f"F{u.f_label}"),
     # the recovery objective (lm | distill) of a prune unit, or of the pruned arm a control's budget is matched to
     Axis("recovery", "prune.recovery", "lm", groups=True,
-         get=lambda u: u.recovery if u.stage == "prune" or u.finetune_steps is not None or u.recovery != "lm"
+         get=lambda u: u.recovery if u.stage == "prune" or u.f_label is not None or u.recovery != "lm"
          else NONE, in_name=lambda u: "kd" if u.recovery != "lm" else None),
     # a from-scratch curve point's steps (arm scratch_curve: a fraction of T); "none" on other units
     Axis("curve_steps", "scratch_curve", None, to_tag=_int_or_none, from_tag=_int_or(None), key="derived",

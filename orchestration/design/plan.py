@@ -122,7 +122,7 @@ def pruned_arm(sweep: Sweep | None, dense: ModelConfig, small: ModelConfig, trai
     run = run or _prune_run(sweep, train.lr, finetune_steps)
     bt = train.batch_size * train.seq_len
     snap = snapshot_step(at, train.steps) if at < 1 else train.steps
-    rec = PrunePlan(ratio=0.0, **run.recovery()).recovery_steps  # every candidate rate's fine-tune
+    rec = PrunePlan(ratio=0.0, finetune_steps=finetune_steps, **run.recipe()).recovery_steps  # every rate's fine-tune
     passes = scoring_passes(method, sum(dense.layer_heads), bt, run.calibration_batches * bt, rounds,
                             compensates(method, run.bias_compensation))
     return Budget(dense, small, snap, rec, train.seq_len, recovery, passes, continued_steps=train.steps - snap)
@@ -130,7 +130,7 @@ def pruned_arm(sweep: Sweep | None, dense: ModelConfig, small: ModelConfig, trai
 
 def unit_arm(u: Unit, small: ModelConfig) -> Budget:
     """Prune unit `u`'s pruned arm (`pruned_arm`), pruned to `small`."""
-    return pruned_arm(None, u.model, small, u.train, u.prune.finetune_steps, u.recovery, u.method,
+    return pruned_arm(None, u.model, small, u.train, u.finetune_steps, u.recovery, u.method,
                       u.plan.scoring_rounds, u.prune_at, u.prune)
 
 
@@ -152,9 +152,9 @@ def recoveries(sweep: Sweep, scale: str | None = None) -> list[tuple[int, str]]:
 
 
 def _recovery_fields(sweep: Sweep, scale: str, f: int, kind: str) -> dict:
-    """A unit's recovery fields: F when its scale lists several (the name and key carry it), the objective, and
-    the distillation settings of a distilled unit."""
-    return {"finetune_steps": f if len(sweep.finetune_steps(scale)) > 1 else None, "recovery": kind,
+    """A unit's recovery fields: F, whether its scale lists several (then the name and key carry it), the
+    objective, and the distillation settings of a distilled unit."""
+    return {"finetune_steps": f, "f_varies": len(sweep.finetune_steps(scale)) > 1, "recovery": kind,
             "distill": sweep.prune.distill if kind == "distill" else None}
 
 
@@ -252,7 +252,7 @@ def train_units(sweep: Sweep, corpus_hash: str, lrs: dict | None = None,
 def _prune_run(sweep: Sweep, dense_lr: float | None, finetune_steps: int) -> PruneRun:
     p = sweep.prune
     grid = () if p.finetune_lr is not None or dense_lr is None else tuple(m * dense_lr for m in p.finetune_lr_grid)
-    return PruneRun(step=p.step, finetune_steps=finetune_steps, finetune_lr=p.finetune_lr,
+    return PruneRun(step=p.step, finetune_lr=p.finetune_lr,
                     finetune_lr_grid=grid if finetune_steps else (), bias_compensation=p.bias_compensation,
                     finetune_lr_extend=p.finetune_lr_extend if grid and finetune_steps else 0,
                     **p.prune_data())
@@ -313,7 +313,7 @@ def global_control_units(sweep: Sweep, pruned: Unit, dense: Unit, kept_per_layer
         if source == "searched":
             source = f"searched:{arch_key(uniform)}"
         train = dense.train.model_copy(update={"lr": lr})
-        f, kind = pruned.prune.finetune_steps, pruned.recovery
+        f, kind = pruned.finetune_steps, pruned.recovery
         t = train.model_copy(update={"steps": arm.steps(
             pruned_arm(sweep, d_model, small, dense.train, f, kind, pruned.method, pruned.plan.scoring_rounds))})
         c = _trained(sweep, name, pruned.scale, pruned.family, pruned.seed, small, t, pruned.corpus_hash,

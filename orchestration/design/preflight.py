@@ -194,14 +194,14 @@ def _row(u: Unit, stage: str, model: ModelConfig, params: int, fwd: int, steps: 
         u.method, scope=None if u.scope == "none" else u.scope, seed=u.seed,
         resources=trial_resources(sweep, u), trials=trials, budget=u.budget,
         prune_at=u.prune_at if u.stage == "prune" else None,
-        finetune_steps=u.prune.finetune_steps if u.prune else u.finetune_steps,
-        recovery=u.recovery if u.prune or u.finetune_steps is not None or u.recovery != "lm" else None,
+        finetune_steps=u.finetune_steps if u.prune else u.f_label,
+        recovery=u.recovery if u.prune or u.f_label is not None or u.recovery != "lm" else None,
         arm_train_flops=int(arm_flops), memory_bytes=unit_memory(sweep, u, model, dense), axes=_axes(u))
 
 
 def _axes(u: Unit) -> dict:
     """A unit's values of the registered axes: its own, "*" where it stands for every value, None elsewhere."""
-    wild = stands_for(u.arm, u.scope, u.finetune_steps) or frozenset()
+    wild = stands_for(u.arm, u.scope, u.f_label) or frozenset()
     return {a.name: ANY if a.name in wild else None if a.value(u) == a.default else a.value(u)
             for a in registered()}
 

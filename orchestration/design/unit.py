@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from lightning_modules.declarations.arms import ARMS
 from lightning_modules.declarations.config import SCALES, DataConfig, ModelConfig, TrainConfig
-from lightning_modules.declarations.prune_plan import DistillSpec, PruneData, PruneJob, PrunePlan, Recovery
+from lightning_modules.declarations.prune_plan import DistillSpec, PruneData, PruneJob, PrunePlan, RecoveryRecipe
 
 from .axes import AXES, BY_NAME, grouped, registered, run_name, tags_of
 from .schema import ProbeSpec
@@ -116,10 +116,11 @@ class ProbeRun(ProbeSpec):
     tolerance: float = Field(gt=0)
 
 
-class PruneRun(Recovery, PruneData):
-    """How a prune unit prunes, beyond which heads it selects (the unit's method, ratio, scope and schedule): the
-    iterative step and the recovery fine-tune (Recovery's fields; its grid holds absolute rates, the sweep's
-    multiples × the dense model's rate), the calibration data and the mask-only curve (PruneData's)."""
+class PruneRun(RecoveryRecipe, PruneData):
+    """How a prune unit prunes, beyond which heads it selects (the unit's method, ratio, scope and schedule) and
+    how long it recovers (the unit's `finetune_steps`): the iterative step and the recovery's recipe
+    (RecoveryRecipe's fields; its grid holds absolute rates, the sweep's multiples × the dense model's rate), the
+    calibration data and the mask-only curve (PruneData's)."""
 
 
 # What a key hashes: the unit's fields, less the derived ones (its key, its budget: train.steps and the dense key
@@ -131,6 +132,9 @@ class PruneRun(Recovery, PruneData):
 # how a unit is computed, not what it computes, is never hashed either: a cooldown branch of a longer run's trunk
 # (orchestration/design/trunks.py) is the run of its own budget, and a trunk the run of its own
 _NOT_HASHED = frozenset(a.name for a in AXES if a.key == "derived") | {"trunk_key", "branch_step", "branch_points"}
+# F is hashed as the grouped axis reads it (`Unit.f_label`: only where the cell lists several) besides in `plan`,
+# where a prune's budget always was; `f_varies` is in that label
+_NOT_HASHED |= {"f_varies"}
 _FIRST_KEYED: dict[object, frozenset] = {k: frozenset(v.split()) for k, v in {
     "Unit": "stage arm scale family seed model train data corpus_hash heads method ratio scope schedule plan "
             "dense_key calibration_batches curve curve_batches lr_source",
@@ -150,7 +154,8 @@ def _first_layout(unit) -> list[tuple[str, object, object]]:
     default = lambda f: (f.default if f.default is not MISSING else
                          f.default_factory() if f.default_factory is not MISSING else MISSING)
     r = unit.prune or PruneRun()
-    items = [(f.name, getattr(unit, f.name), default(f)) for f in fields(unit)
+    value = lambda n: unit.f_label if n == "finetune_steps" else getattr(unit, n)
+    items = [(f.name, value(f.name), default(f)) for f in fields(unit)
              if f.name not in _NOT_HASHED and f.name != "prune"]
     items += [(n, getattr(r, n), f.get_default(call_default_factory=True))
               for n, f in type(r).model_fields.items() if n not in PrunePlan.model_fields]
@@ -199,9 +204,11 @@ class Unit:
     budget: int | None = None
     prune_at: float = 1.0  # prune stage: the fraction of T at which the heads are removed (1: the trained model)
     snapshots: tuple[int, ...] = ()  # dense train units: the steps whose checkpoints prune units start from
-    # the recovery budget F of a sweep that lists several (None: one): on prune units and the controls whose
-    # budget follows it (arms.Arm.per_recovery)
+    # the recovery budget F, held here alone: a prune unit's (its fine-tune's length), or the F of the pruned arm a
+    # control whose budget follows the recovery is matched to (arms.Arm.per_recovery); None on the other units
     finetune_steps: int | None = None
+    # whether the cell lists several F: then F is an axis of the unit's group, name, tags and key (`f_label`)
+    f_varies: bool = False
     recovery: str = "lm"  # the recovery objective of a prune unit, or of the pruned arm a control is matched to
     distill: DistillSpec | None = None  # how a distilled unit learns from its teacher (recovery distill, scratch_kd)
     # a wsd train unit that starts from another's checkpoint (orchestration/design/trunks.py): the trunk's key and
@@ -215,12 +222,18 @@ class Unit:
     key: str = ""
 
     @property
+    def f_label(self) -> int | None:
+        """F as the grouped axis reads it: the budget where the cell lists several, else None (a control of a cell
+        with one F stands for it; a prune's F then enters no name or group)."""
+        return self.finetune_steps if self.f_varies else None
+
+    @property
     def plan(self) -> PrunePlan | None:
         """A prune unit's PrunePlan (None for the other stages)."""
         if self.prune is None:
             return None
         return PrunePlan(method=self.method, ratio=self.ratio, scope=self.scope, schedule=self.schedule,
-                         seed=self.seed, **self.prune.recovery())
+                         seed=self.seed, finetune_steps=self.finetune_steps, **self.prune.recipe())
 
     def prune_job(self, **side) -> PruneJob:
         """What a prune unit's trial runs (`run_prune`, `prune_and_continue`): its plan, its calibration and curve
@@ -247,7 +260,7 @@ class Unit:
     def comparison_group(self) -> str:
         """Its headroom.group tag: the pruned group it is (a prune unit), or the pruned groups it is compared
         with (a control: `stands_for`); "none" for the other arms. The scale is the cell (with its budget)."""
-        wild = stands_for(self.arm, self.scope, self.finetune_steps) if self.stage != "lr_search" else None
+        wild = stands_for(self.arm, self.scope, self.f_label) if self.stage != "lr_search" else None
         if wild is None:
             return NONE
         return group_text(self._group_values(), wild)
@@ -261,7 +274,7 @@ class Unit:
             return None
         values = self._group_values()  # a per-layer control of a global prune stands for every scope: `*` there
         return {name: group_text(values, stands_for(name, self.scope if arm.for_global else "per_layer",
-                                                    self.finetune_steps))
+                                                    self.f_label))
                 for name, arm in ARMS.items() if arm.control}
 
     def _group_values(self) -> dict:
@@ -282,15 +295,15 @@ class Unit:
                     "Optuna proposes, ASHA stops poor candidates early.")
         if self.arm == "pruned":
             when = "the trained dense model" if self.prune_at == 1.0 else f"the dense run at {self.prune_at:g} of T"
-            tail = (f", fine-tuned {self.prune.finetune_steps} steps" if self.prune.finetune_steps else "")
+            tail = (f", fine-tuned {self.finetune_steps} steps" if self.finetune_steps else "")
             if tail and self.recovery == "distill":
                 tail += " by distillation from the dense model"
             return (f"Pruned: {when} ({what}, {heads}) with {self.ratio:.0%} of its heads removed by "
                     f"{self.method} importance ({self.scope.replace('_', ' ')}, "
                     f"{self.schedule.replace('_', '-')}){tail}.")
         note = ARMS[self.arm].description.format(what=what, heads=heads, steps=steps, head_dim=self.model.head_dim)
-        if ARMS[self.arm].per_recovery and (self.finetune_steps is not None or self.recovery != "lm"):
-            budget = "" if self.finetune_steps is None else f"{self.finetune_steps} "
+        if ARMS[self.arm].per_recovery and (self.f_label is not None or self.recovery != "lm"):
+            budget = "" if self.f_label is None else f"{self.f_label} "
             how = " by distillation" if self.recovery == "distill" else ""
             note = note[:-1] + f"; matched to the pruned arm fine-tuned {budget}steps{how}."
         return note
@@ -307,7 +320,7 @@ class Unit:
                      vocab_size=m.vocab_size)
         if self.prune:
             r = self.prune
-            p.update(finetune_steps=r.finetune_steps,
+            p.update(finetune_steps=self.finetune_steps,
                      finetune_lr=r.finetune_lr if r.finetune_lr is not None else "val-grid",
                      finetune_lr_grid=",".join(f"{x:.3g}" for x in r.finetune_lr_grid) or "none",
                      calibration_batches=r.calibration_batches)
@@ -326,6 +339,13 @@ class Unit:
 
     @classmethod
     def from_dict(cls, d: dict) -> Unit:
+        """The unit back; a unit serialised before F lived on the unit alone (its prune settings held the budget,
+        the unit only the label) is read as it is now."""
+        if "f_varies" not in d:
+            d = {**d, "f_varies": d.get("finetune_steps") is not None}
+            if isinstance(d.get("prune"), dict):
+                prune = dict(d["prune"])
+                d.update(prune=prune, finetune_steps=prune.pop("finetune_steps", 0))
         return _adapter(cls).validate_python(d)
 
 

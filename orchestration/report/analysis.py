@@ -286,22 +286,22 @@ def _curve(r: Run, ev: str) -> dict[float, float]:
 
 
 def _point(key: tuple, ev: str, ratio: float, steps: int, vals: list[float]) -> CurvePoint:
-    scale, family, method, scope, schedule = key
+    scale, family, method, scope, schedule, other = key
     ci = t_interval(vals)
     return CurvePoint(scale, family, method, ev, ratio, steps, mean(vals), list(ci) if ci else None, scope, schedule,
-                      len(vals))
+                      len(vals), dict(other))
 
 
 def prune_curves(runs: list[Run]) -> list[CurvePoint]:
-    """Loss vs fraction removed per (scale, family, method, scope, schedule, eval set): the mask-only curve
-    (finetune_steps 0; one per dense model, the ranking does not depend on the ratio swept) and the swept ratios
-    after recovery fine-tune. Mean and t-interval over seeds."""
+    """Loss vs fraction removed per (scale, family, method, scope, schedule, registered axes' values, eval set):
+    the mask-only curve (finetune_steps 0; one per dense model, the ranking does not depend on the ratio swept)
+    and the swept ratios after recovery fine-tune. Mean and t-interval over seeds."""
     out = []
-    per = defaultdict(lambda: defaultdict(dict))  # (scale, family, method, scope, schedule) -> seed -> ratio -> run
+    per = defaultdict(lambda: defaultdict(dict))  # (scale, ..., schedule, other axes) -> seed -> ratio -> run
     for key, by_seed in pruned_groups(runs).items():
         scale, family, ratio, method, scope, schedule = _which(key)
         for seed, r in by_seed.items():
-            per[(scale, family, method, scope, schedule)][seed][ratio] = r
+            per[(scale, family, method, scope, schedule, tuple(other_axes(key).items()))][seed][ratio] = r
     for key, seeds in by_scale(per):
         for ev in eval_sets(runs):
             curves = [c for c in (_curve(by_ratio[min(by_ratio)], ev) for by_ratio in seeds.values()) if c]
@@ -318,12 +318,12 @@ def prune_curves(runs: list[Run]) -> list[CurvePoint]:
 
 
 def prunable_fractions(curves: list[CurvePoint], tolerance: float) -> dict:
-    """(scale, family, method, scope, schedule, eval set) -> the largest fraction removed up to which the mean
-    mask-only curve stays within tolerance of dense (the curve's point 0)."""
+    """(scale, family, method, scope, schedule, eval set, registered axes' values) -> the largest fraction
+    removed up to which the mean mask-only curve stays within tolerance of dense (the curve's point 0)."""
     by = defaultdict(list)
     for c in curves:
         if c.finetune_steps == 0:
-            by[(c.scale, c.family, c.method, c.scope, c.schedule, c.eval_set)].append(c)
+            by[(c.scale, c.family, c.method, c.scope, c.schedule, c.eval_set, tuple(c.group.items()))].append(c)
     out = {}
     for k, rows in by.items():
         rows.sort(key=lambda c: c.ratio)
@@ -334,24 +334,25 @@ def prunable_fractions(curves: list[CurvePoint], tolerance: float) -> dict:
 
 
 def best_methods(runs: list[Run]) -> dict:
-    """(scale, family, ratio, scope, schedule) -> (method, mean val loss after fine-tune): the best method is
-    chosen on the validation set, never on an eval set."""
+    """(scale, family, ratio, scope, schedule, registered axes' values) -> (method, mean val loss after
+    fine-tune): the best method is chosen on the validation set, never on an eval set."""
     by = defaultdict(dict)
     for key, by_seed in pruned_groups(runs).items():
         scale, family, ratio, method, scope, schedule = _which(key)
         vals = [r.metrics[M.loss(M.FINAL, "val")] for r in by_seed.values() if M.loss(M.FINAL, "val") in r.metrics]
         if vals:
-            by[(scale, family, ratio, scope, schedule)][method] = mean(vals)
+            by[(scale, family, ratio, scope, schedule, tuple(other_axes(key).items()))][method] = mean(vals)
     return {k: min(v.items(), key=lambda kv: kv[1]) for k, v in by.items()}
 
 
 def replication(comps: list[Comparison]) -> list[Replication]:
     """The primary comparison (method, scope, schedule) at the largest recovery budget compared, per (cell,
-    family, ratio, control), on every eval set: do the verdicts agree? (Disagreement would make a verdict a
-    benchmark artifact.)"""
+    family, ratio, control, registered axes' values), on every eval set: do the verdicts agree? (Disagreement
+    would make a verdict a benchmark artifact.)"""
     ft = max((c.finetune_steps for c in comps), default=0)
     by = defaultdict(dict)
     for c in comps:
         if is_primary(c, "method", "scope", "schedule") and c.finetune_steps == ft:
-            by[(c.scale, c.family, c.ratio, c.control)][c.eval_set] = (c.verdict, c.diff_mean)
-    return [Replication(*k, per, len({v for v, _ in per.values()}) == 1) for k, per in sorted(by.items())]
+            by[(c.scale, c.family, c.ratio, c.control, tuple(c.group.items()))][c.eval_set] = (c.verdict, c.diff_mean)
+    return [Replication(*k[:4], per, len({v for v, _ in per.values()}) == 1, dict(k[4]))
+            for k, per in sorted(by.items())]

@@ -40,15 +40,17 @@ def timing_section(doc: Doc, rep: Report, plots_dir: Path) -> None:
           f"late, the extra heads mattered only early in training — the optimisation-help mechanism, measured.")
     for scale, family in sorted({(t.scale, t.family) for t in rep.timing}):
         rows = [t for t in rep.timing if (t.scale, t.family) == (scale, family)]
-        for method in sorted({t.method for t in rows}):
-            mine = [t for t in rows if t.method == method]
-            path = plots_dir / f"timing_{scale}_{family}_{method}.png"
-            plots.timing_plot(mine, path, f"{scale} {family}: {method} pruning at p of training")
-            doc.img(path, f"{scale} {family}, {method}: final loss against when the heads were removed")
+        for method, group in sorted({(t.method, tuple(t.group.items())) for t in rows}):  # a plot per axis value
+            mine = [t for t in rows if (t.method, tuple(t.group.items())) == (method, group)]
+            what = method + (f" ({group_label(dict(group))})" if group else "")
+            path = plots_dir / f"timing_{scale}_{family}_{method}{''.join(f'_{a}{v}' for a, v in group)}.png"
+            plots.timing_plot(mine, path, f"{scale} {family}: {what} pruning at p of training")
+            doc.img(path, f"{scale} {family}, {what}: final loss against when the heads were removed")
     doc.table(["scale", "family", "ratio", "method", "p", "n", "final loss", "95% CI", "p − (p=1)", "95% CI",
                "margin", "pruning early vs late", "Scratch-E − pruned", "95% CI (seeds, unadjusted)",
                "vs Scratch-E (unadjusted)"],
-              [[t.scale, t.family, fmt_ratio(t.ratio), t.method, f"{t.prune_at:g}", str(t.n_seeds),
+              [[t.scale, t.family, fmt_ratio(t.ratio), t.method + (f" ({group_label(t.group)})" if t.group else ""),
+                f"{t.prune_at:g}", str(t.n_seeds),
                 f"{t.loss_mean:.4f}", fmt_ci(t.loss_ci95), _num(t.vs_late_mean, "{:+.4f}"), fmt_ci(t.vs_late_ci95),
                 _num(t.margin, "{:.4f}"), TIMING_WORDS[t.vs_late], _num(t.vs_scratch_e_mean, "{:+.4f}"),
                 fmt_ci(t.vs_scratch_e_ci95), t.vs_scratch_e.replace("_", " ")] for t in rep.timing])

@@ -123,7 +123,7 @@ def _comparisons(doc: Doc, rep: Report, pg: _Page) -> None:
     main_rows, second = [], []
     labelled = any(c.group for c in rep.comparisons)  # a column for the axes registered beyond the built-in ones
     for c in rep.comparisons:
-        best = rep.best.get((c.scale, c.family, c.ratio, c.scope, c.schedule))
+        best = rep.best.get((c.scale, c.family, c.ratio, c.scope, c.schedule, tuple(c.group.items())))
         is_best = best is not None and best[0] == c.method
         label = c.method + (" (best on val)" if is_best else "")
         row = [c.scale, c.family, fmt_ratio(c.ratio), c.heads_dense, c.heads_kept, label,
@@ -153,7 +153,8 @@ def _replication(doc: Doc, rep: Report, pg: _Page) -> None:
     if len(pg.sets) < 2:
         doc.p("Replication was not tested: the data source offers no shifted eval set.")
     else:
-        rows = [[r.scale, r.family, fmt_ratio(r.ratio), arm_label(r.control),
+        rows = [[r.scale, r.family, fmt_ratio(r.ratio), arm_label(r.control) + (f" ({group_label(r.group)})"
+                                                                                if r.group else ""),
                  *[f"{r.per_set[s][0]} ({r.per_set[s][1]:+.4f})" if s in r.per_set else "—" for s in pg.sets],
                  "yes" if r.agree else "**no**"] for r in rep.replication]
         doc.p(f"The primary comparison on every eval set ({', '.join(pg.sets)}): the verdicts agree in "
@@ -181,9 +182,10 @@ def _curves(doc: Doc, rep: Report, pg: _Page) -> None:
             path = pg.plots / f"prune_curve_{scale}_{family}_{ev}.png"
             plots.curves_plot(rows, rep.tolerance, path, f"{scale} {family}, eval set {ev}")
             doc.img(path, f"Prune curves, {scale} {family}, eval set {ev}")
-        for (s, f, method, scope, schedule, ev), frac in sorted(rep.fractions.items()):
+        for (s, f, method, scope, schedule, ev, group), frac in sorted(rep.fractions.items()):
             if (s, f) == (scale, family):
-                frac_rows.append([s, f, method, scope, schedule, ev, fmt_ratio(frac)])
+                frac_rows.append([s, f, method + (f" ({group_label(dict(group))})" if group else ""), scope, schedule,
+                                  ev, fmt_ratio(frac)])
     doc.table(["scale", "family", "method", "scope", "schedule", "set", "prunable fraction"], frac_rows)
     h1_rows = [[p.scale, p.family, p.method, p.scope, p.schedule, p.eval_set, fmt_ratio(p.ratio),
                 p.n_seeds, p.dense_loss, p.pruned_loss, p.verdict] for p in rep.prunable]

@@ -8,6 +8,18 @@ from pathlib import Path
 from lightning_modules.declarations.arms import label as arm_label
 from lightning_modules.declarations.names import PROBE_PRUNABLE, PROBE_SPREAD
 
+from .rows import group_label
+
+
+def _labelled(text: str, row) -> str:
+    """A legend entry with the row's values of the axes registered beyond the built-in ones, when it has any."""
+    g = group_label(getattr(row, "group", None) or {})
+    return f"{text}, {g}" if g else text
+
+
+def _group(row) -> tuple:
+    return tuple((getattr(row, "group", None) or {}).items())
+
 
 def _plt():
     import matplotlib
@@ -102,26 +114,29 @@ def curves_plot(rows: list, tolerance: float, path: str | Path, title: str) -> N
     and the tolerance above dense."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    methods = sorted({r.method for r in rows})
+    methods = sorted({(r.method, _group(r)) for r in rows})  # a line per method and registered axes' values
     cmap = plt.get_cmap("tab10")
     dense = None
-    for i, m in enumerate(methods):
-        pts = sorted((r for r in rows if r.method == m and r.finetune_steps == 0), key=lambda r: r.ratio)
+    for i, (m, g) in enumerate(methods):
+        mine = [r for r in rows if (r.method, _group(r)) == (m, g)]
+        pts = sorted((r for r in mine if r.finetune_steps == 0), key=lambda r: r.ratio)
         if pts:
             x = [r.ratio for r in pts]
-            ax.plot(x, [r.loss_mean for r in pts], marker="o", ms=3, color=cmap(i), label=f"{m} (mask only)")
+            ax.plot(x, [r.loss_mean for r in pts], marker="o", ms=3, color=cmap(i % 10),
+                    label=_labelled(f"{m} (mask only)", pts[0]))
             if all(r.loss_ci95 for r in pts):
                 ax.fill_between(x, [r.loss_ci95[0] for r in pts], [r.loss_ci95[1] for r in pts],
-                                color=cmap(i), alpha=0.18)
+                                color=cmap(i % 10), alpha=0.18)
             if pts[0].ratio == 0:
                 dense = pts[0].loss_mean
-        ft = [r for r in rows if r.method == m and r.finetune_steps > 0]
+        ft = [r for r in mine if r.finetune_steps > 0]
         for j, r in enumerate(ft):
             err = None
             if r.loss_ci95:
                 err = [[r.loss_mean - r.loss_ci95[0]], [r.loss_ci95[1] - r.loss_mean]]
-            ax.errorbar([r.ratio], [r.loss_mean], yerr=err, marker="x", ms=8, color=cmap(i), capsize=3,
-                        lw=0, elinewidth=1, label=f"{m} after {r.finetune_steps} fine-tune steps" if j == 0 else None)
+            ax.errorbar([r.ratio], [r.loss_mean], yerr=err, marker="x", ms=8, color=cmap(i % 10), capsize=3, lw=0,
+                        elinewidth=1, label=_labelled(f"{m} after {r.finetune_steps} fine-tune steps", r)
+                        if j == 0 else None)
     if dense is not None:
         ax.axhline(dense, color="black", lw=0.8, ls="--", label="dense")
         ax.axhline(dense * (1 + tolerance), color="gray", lw=0.8, ls=":", label=f"dense + {tolerance:.0%}")
@@ -299,16 +314,18 @@ def recovery_plot(rows: list, path: str | Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     cmap = plt.get_cmap("tab10")
-    keys = sorted({(c.ratio, c.control, c.recovery) for c in rows})
-    for i, (ratio, control, recovery) in enumerate(keys):
-        pts = sorted((c for c in rows if (c.ratio, c.control, c.recovery) == (ratio, control, recovery)),
+    keys = sorted({(c.ratio, c.control, c.recovery, _group(c)) for c in rows})  # registered axes: a line each
+    for i, key in enumerate(keys):
+        ratio, control, recovery, _ = key
+        pts = sorted((c for c in rows if (c.ratio, c.control, c.recovery, _group(c)) == key),
                      key=lambda c: c.finetune_steps)
         x = [c.finetune_steps for c in pts]
         y = [c.diff_mean for c in pts]
         err = [[c.diff_mean - c.ci95[0] if c.ci95 else 0 for c in pts], [c.ci95[1] - c.diff_mean if c.ci95 else 0
                                                                            for c in pts]]
         ax.errorbar(x, y, yerr=err, marker="o" if recovery == "lm" else "s", ls="-" if recovery == "lm" else "--",
-                    color=cmap(i % 10), capsize=3, label=f"{arm_label(control)} r{ratio:g}, {recovery}")
+                    color=cmap(i % 10), capsize=3, label=_labelled(f"{arm_label(control)} r{ratio:g}, {recovery}",
+                                                                   pts[0]))
     ax.axhline(0, color="black", lw=0.8)
     positive = sorted({c.finetune_steps for c in rows if c.finetune_steps > 0})
     if positive and max(positive) / positive[0] >= 10:
@@ -329,16 +346,17 @@ def break_even_plot(rows: list, order: list[str], path: str | Path) -> None:
     scales = [s for s in order if any(r.scale == s for r in rows)]
     fig, axs = plt.subplots(1, len(scales), figsize=(4.2 * len(scales), 3.8), dpi=120, squeeze=False)
     cmap = plt.get_cmap("tab10")
-    controls = sorted({r.control for r in rows})
+    lines = sorted({(r.control, r.ratio, _group(r)) for r in rows})  # a colour per control, ratio and group
     for ax, scale in zip(axs[0], scales):
-        for i, control in enumerate(controls):
-            for r in (r for r in rows if r.scale == scale and r.control == control):
+        for i, line in enumerate(lines):
+            for r in (r for r in rows if r.scale == scale and (r.control, r.ratio, _group(r)) == line):
                 lo = [c[0] if c else d for c, d in zip(r.ci, r.diffs)]
                 hi = [c[1] if c else d for c, d in zip(r.ci, r.diffs)]
-                ax.plot(r.budgets, r.diffs, marker="o", color=cmap(i), label=f"vs {arm_label(control)} r{r.ratio:g}")
-                ax.fill_between(r.budgets, lo, hi, color=cmap(i), alpha=0.15)
+                ax.plot(r.budgets, r.diffs, marker="o", color=cmap(i % 10),
+                        label=_labelled(f"vs {arm_label(r.control)} r{r.ratio:g}", r))
+                ax.fill_between(r.budgets, lo, hi, color=cmap(i % 10), alpha=0.15)
                 if r.break_even is not None:
-                    ax.axvline(r.break_even, color=cmap(i), ls=":", lw=1)
+                    ax.axvline(r.break_even, color=cmap(i % 10), ls=":", lw=1)
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xscale("log")
         ax.set_xlabel("recovery steps F")
@@ -353,12 +371,13 @@ def gap_by_size_plot(rows: list, order: list[str], path: str | Path) -> None:
     """The gap against the scale at matched F: the k-th budget of every scale's ladder (ladders in proportion to
     each scale's T match by position), one line per position, a panel per control; 95%-simultaneous bands as bars."""
     plt = _plt()
-    controls = sorted({r.control for r in rows})
-    fig, axs = plt.subplots(1, len(controls), figsize=(4.5 * len(controls), 3.8), dpi=120, squeeze=False)
+    panels = sorted({(r.control, r.ratio, _group(r)) for r in rows})  # a panel per control, ratio and group
+    fig, axs = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.8), dpi=120, squeeze=False)
     cmap = plt.get_cmap("viridis")
     scales = [s for s in order if any(r.scale == s for r in rows)]
-    for ax, control in zip(axs[0], controls):
-        mine = {r.scale: r for r in rows if r.control == control}
+    for ax, panel in zip(axs[0], panels):
+        control, ratio, _ = panel
+        mine = {r.scale: r for r in rows if (r.control, r.ratio, _group(r)) == panel}
         k_max = max((len(r.budgets) for r in mine.values()), default=0)
         for k in range(k_max):
             xs, ys, err = [], [], [[], []]
@@ -376,7 +395,7 @@ def gap_by_size_plot(rows: list, order: list[str], path: str | Path) -> None:
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(range(len(scales)), [str(s) for s in scales])
         ax.set_xlabel("scale (smallest first)")
-        ax.set_title(f"vs {arm_label(control)}", fontsize=9)
+        ax.set_title(_labelled(f"vs {arm_label(control)} r{ratio:g}", next(iter(mine.values()))), fontsize=9)
         ax.grid(alpha=0.3)
     axs[0][0].set_ylabel("control − pruned at matched F (> 0: pruning wins)")
     axs[0][0].legend(fontsize=6)

@@ -90,9 +90,10 @@ class CurvePoint:
     scope: str
     schedule: str
     n_seeds: int
+    group: dict = field(default_factory=dict)  # as Comparison.group
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return _without_empty_group(asdict(self))
 
 
 @dataclass
@@ -166,9 +167,10 @@ class Timing:
     vs_scratch_e_mean: float | None = None
     vs_scratch_e_ci95: list[float] | None = None
     vs_scratch_e: str = "insufficient_seeds"
+    group: dict = field(default_factory=dict)  # as Comparison.group
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return _without_empty_group(asdict(self))
 
 
 @dataclass
@@ -281,9 +283,10 @@ class Replication:
     control: str
     per_set: dict  # eval set -> (verdict, control − pruned mean)
     agree: bool
+    group: dict = field(default_factory=dict)  # as Comparison.group
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return _without_empty_group(asdict(self))
 
 
 @dataclass

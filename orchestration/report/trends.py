@@ -49,7 +49,7 @@ from dataclasses import replace
 
 from lightning_modules.declarations import names as M
 from lightning_modules.declarations.arms import control_names
-from orchestration.design.unit import scale_rank
+from orchestration.design.unit import ANY, scale_rank
 
 from .analysis import (
     PRIMARY,
@@ -58,6 +58,7 @@ from .analysis import (
     comparisons,
     control_runs,
     controls_of,
+    group_of,
     is_primary,
     mean,
     primary_values,
@@ -92,28 +93,29 @@ def _timing_word(ci: tuple[float, float] | None, margin: float | None) -> str:
 
 
 def timing(runs: list[Run]) -> list[Timing]:
-    """Rows for every (cell, family, ratio, method) pruned at some p < 1 (primary scope and schedule)."""
+    """Rows for every (cell, family, ratio, method, registered axes' values) pruned at some p < 1 (primary scope
+    and schedule); Scratch-E: the one of the values, or the one that stands for every value (`*`)."""
     ev = PRIMARY["eval_set"]
     key = M.loss(M.FINAL, ev)
-    groups = defaultdict(lambda: defaultdict(dict))  # (scale, family, ratio, method) -> prune_at -> seed -> loss
+    other = lambda r: tuple(other_axes(group_of(r)).items()) if r.group is not None else ()  # noqa: E731
+    groups = defaultdict(lambda: defaultdict(dict))  # (scale, family, ratio, method, other) -> p -> seed -> loss
     for r in runs:
         if r.arm == "pruned" and is_primary(r, "scope", "schedule") and key in r.metrics:
-            groups[(r.scale, r.family, r.ratio, r.method)][r.prune_at][r.seed] = r.metrics[key]
+            groups[(r.scale, r.family, r.ratio, r.method, other(r))][r.prune_at][r.seed] = r.metrics[key]
     dense = defaultdict(list)
-    scratch = defaultdict(list)
-    scratch_seed = defaultdict(dict)
+    scratch_seed = defaultdict(dict)  # (scale, family, ratio, other: ANY where it stands for every value) -> seed
     for r in runs:
         if r.arm == "dense" and key in r.metrics:
             dense[(r.scale, r.family)].append(r.metrics[key])
         if r.arm == "scratch_e" and r.scope == "per_layer" and key in r.metrics:
-            scratch[(r.scale, r.family, r.ratio)].append(r.metrics[key])
-            scratch_seed[(r.scale, r.family, r.ratio)][r.seed] = r.metrics[key]
+            scratch_seed[(r.scale, r.family, r.ratio, other(r))][r.seed] = r.metrics[key]
     out = []
-    for (scale, family, ratio, method), by_at in by_scale(groups):
+    for (scale, family, ratio, method, values), by_at in by_scale(groups):
         if all(p == 1.0 for p in by_at):
             continue
         late = by_at.get(1.0, {})
-        se = scratch_seed[(scale, family, ratio)]
+        se = scratch_seed.get((scale, family, ratio, values)) or scratch_seed.get(
+            (scale, family, ratio, tuple((a, ANY) for a, _ in values)), {})
         both = sorted(set(se) & set(late))
         # the effect under study in this cell: Scratch-E − pruned (trained model), paired by seed
         margin = TIMING_MARGIN * abs(mean([se[s] - late[s] for s in both])) if both else None
@@ -133,9 +135,9 @@ def timing(runs: list[Run]) -> list[Timing]:
             out.append(Timing(scale, family, ratio, method, p, ev, len(vals), mean(vals), list(ci) if ci else None,
                               mean(diffs) if diffs and p != 1.0 else None, list(d_ci) if d_ci else None, word,
                               mean(dense[(scale, family)]) if dense[(scale, family)] else None,
-                              mean(scratch[(scale, family, ratio)]) if scratch[(scale, family, ratio)] else None,
+                              mean(list(se.values())) if se else None,
                               margin, mean(se_diffs) if se_diffs else None, list(se_ci) if se_ci else None,
-                              se_word))
+                              se_word, dict(values)))
     return out
 
 

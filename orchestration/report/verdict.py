@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from lightning_modules.declarations.arms import control_names
 from lightning_modules.declarations.arms import label as arm_label
 from lightning_modules.declarations.config import HeadroomInputError
-from lightning_modules.declarations.prune_plan import DEFAULT_TOLERANCE
+from lightning_modules.declarations.prune_plan import DEFAULT_TOLERANCE, candidate_rates
 from orchestration.design.schema import TrustSpec
 from orchestration.design.unit import scale_rank
 
@@ -189,7 +189,7 @@ def charged_rates(spec) -> int | None:
     fixed rate, or the grid; None without the spec."""
     if spec is None:
         return None
-    return 1 if spec.prune.finetune_lr is not None else len(spec.prune.finetune_lr_grid)
+    return len(candidate_rates(spec.prune.finetune_lr, spec.prune.finetune_lr_grid))
 
 
 def headline_metrics(rep: Report) -> dict[str, float]:
@@ -201,9 +201,9 @@ def headline_metrics(rep: Report) -> dict[str, float]:
         out[f"{k}/diff_mean"] = c.diff_mean
         if c.ci95:
             out[f"{k}/ci_lo"], out[f"{k}/ci_hi"] = c.ci95
-    for (scale, family, method, scope, schedule, ev), frac in rep.fractions.items():
-        if primary_values(scope=scope, schedule=schedule):
-            out[f"prunable_fraction/{scale}/{family}/{method}/{ev}"] = frac
+    for (scale, family, method, scope, schedule, ev, group), frac in rep.fractions.items():
+        if primary_values(scope=scope, schedule=schedule):  # a registered axis's values: a metric each
+            out[f"prunable_fraction/{scale}/{family}/{method}/{ev}" + "".join(f"/{a}{v}" for a, v in group)] = frac
     for x in rep.stability:  # how stable each method's ranking is (split-half Spearman, mean over seeds)
         if x.spearman is not None:
             out[f"stability/{x.scale}/{x.family}/{x.method}/{x.scope}/spearman"] = x.spearman
