@@ -31,6 +31,7 @@ KEPT = "headroom_kept"  # prune: JSON list of the heads kept per layer
 DONE = "headroom_done"  # 1 on a unit's final report
 WORK = "work_s"  # seconds of the unit's own work in this attempt (framework imports excluded)
 RESUMED = "resumed_at_step"  # the step a train trial started from (0: from scratch)
+RESTARTED = "headroom_restarted"  # a train trial's first report after its checkpoint proved damaged: why
 LIGHTNING_FILE = "checkpoint"  # the Lightning checkpoint's file name inside a Tune checkpoint
 SCORES_FILE = "scores.json"  # a prune unit's head scores {"method", "scores", "kept", "heads_dense"}: the heatmaps
 PLAN_FILE = "sweep/plan.json"  # on a sweep's parent run: the plan it ran (Plan.to_json), what its report expects
@@ -41,6 +42,13 @@ TRAIN_PRECISION = "train_precision"  # MLflow param: the precision a run trained
 
 TAG_FIELDS = tuple(a.tag or a.name for a in AXES)  # headroom.<field>: declared in orchestration/design/axes.py
 SNAPSHOTS_DIR = "snapshots"  # a dense run's kept checkpoints (step<k>.ckpt) for pruning at p·T, beside its model
+
+
+class PlanTooLarge(Exception):
+    """A plan built under `plan.bounded(n)` keyed more than n units (orchestration/design/plan.py: check_plan_size)."""
+
+
+_KEYING_LEFT: list[int] = []  # while a plan is built under plan.bounded(n): how many more units it may key
 
 
 class Cell(str):
@@ -107,7 +115,8 @@ def scale_rank(cell: Cell) -> tuple[int, int]:
     """Cells in the order of the presets (xs, s, m, ...; a pretrained checkpoint last); the budgets of one scale
     ("s-T500", "s-T1500") in increasing order."""
     names = list(SCALES)
-    return (names.index(cell.scale) if cell.scale in names else len(names)), cell.budget or 0
+    scale, budget = getattr(cell, "scale", cell), getattr(cell, "budget", None)  # a plain scale name too
+    return (names.index(scale) if scale in names else len(names)), budget or 0
 
 
 class ProbeRun(ProbeSpec):
@@ -243,6 +252,10 @@ class Unit:
                         eval_batches=self.train.eval_batches, recovery=self.recovery, distill=self.distill, **side)
 
     def with_key(self) -> Unit:
+        if _KEYING_LEFT:  # a plan built under plan.bounded(): one unit more of the most it may hold
+            _KEYING_LEFT[-1] -= 1
+            if _KEYING_LEFT[-1] < 0:
+                raise PlanTooLarge
         digest = hashlib.sha256(json.dumps(self.key_body(), sort_keys=True, default=str).encode()).hexdigest()[:16]
         return replace(self, key=digest)
 

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 
 from lightning_modules.declarations import names as M
 from orchestration.design.axes import BY_NAME
+from orchestration.design.unit import scale_rank
 
 from .analysis import PRIMARY, _interval_at, group_of, is_primary, mean
 from .read import Run
@@ -114,7 +115,7 @@ def break_even(rows: list[Comparison], alpha: float = ALPHA) -> list[BreakEven]:
             groups[(str(c.scale), c.family, c.ratio, c.control, c.recovery,
                     tuple(sorted((k, str(v)) for k, v in c.group.items())))].append(c)
     out = []
-    for (scale, family, ratio, control, recovery, _), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for (scale, family, ratio, control, recovery, _), rs in sorted(groups.items(), key=lambda kv: (scale_rank(kv[0][0]), str(kv[0][1:]))):
         rs.sort(key=lambda c: c.finetune_steps)
         if len(rs) < 2:
             continue
@@ -213,7 +214,8 @@ def savings(runs: list[Run]) -> list[Savings]:
                 raise ValueError(f"two pruned runs of seed {r.seed} share the savings group of {r.name}")
             pruned[(r.scale, r.family, r.ratio, r.finetune_steps, other)][r.seed] = r.metrics[key]
     out = []
-    for (scale, family, ratio, f, other), by_seed in sorted(pruned.items(), key=lambda kv: str(kv[0])):
+    order = lambda kv: (scale_rank(kv[0][0]), kv[0][1], kv[0][2], kv[0][3], str(kv[0][4]))  # noqa: E731 (F as a number)
+    for (scale, family, ratio, f, other), by_seed in sorted(pruned.items(), key=order):
         steps, logs, marks, spans = [], [], [], []
         # the curve of a registered axis declared with one control per value is that value's
         own = _per_value(other)
