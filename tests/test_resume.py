@@ -10,6 +10,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from test_sweep import client, run_sweep, runs_of, split, steps_of, sweep_cmd
@@ -265,7 +266,9 @@ def test_global_scope_controls_copy_the_pruned_head_counts(interrupted):
 
 def test_sigterm_stops_a_background_driver_and_resume_finishes_it(tmp_path, cache_dir):
     """A driver a shell started in the background inherits SIGINT ignored; `kill PID` (SIGTERM) must still end it as
-    Ctrl-C does: exit 130, the parent run KILLED, no child left RUNNING; `--resume` then finishes every unit."""
+    Ctrl-C does: exit 130, the parent run KILLED, no child left RUNNING; `--resume` then finishes every unit. The
+    checkpoint a stopped trial left is then truncated, as a full disk or a lost node leaves one: the resume says
+    so, restarts that unit from step 0 in its own MLflow run, and its step history has every step once."""
     text = RESUME_SWEEP.replace("name: resume", "name: sigterm").replace("steps: 100", "steps: 140").replace(
         "seeds: [0, 1]", "seeds: [0]").replace("at: [0.2, 1]", "at: [1]").replace("scope: [per_layer, global]",
                                                                              "scope: [per_layer]")
@@ -276,8 +279,10 @@ def test_sigterm_stops_a_background_driver_and_resume_finishes_it(tmp_path, cach
     lines = []
     for line in proc.stdout:
         lines.append(line)
-        if "train:" in line:  # Ray is up and the train stage's trials are starting
-            time.sleep(5)
+        if "train:" in line:  # Ray is up and the train stage's trials are starting: stop once one has a checkpoint
+            deadline = time.time() + 240
+            while time.time() < deadline and not _checkpointed(tmp_path, "sigterm"):
+                time.sleep(0.5)
             proc.send_signal(signal.SIGTERM)
             break
     rest, _ = proc.communicate(timeout=120)
@@ -287,8 +292,32 @@ def test_sigterm_stops_a_background_driver_and_resume_finishes_it(tmp_path, cach
     parents, children = split(runs_of(c, "sigterm"))
     assert [p.info.status for p in parents] == ["KILLED"], log[-3000:]
     assert all(r.info.status != "RUNNING" for r in children)
+    damaged = {x.info.run_id: x for x in children if x.info.status != "FINISHED" and "headroom.checkpoint" in x.data.tags}
+    assert damaged, "no stopped trial had a checkpoint to damage:\n" + log[-3000:]
+    for x in damaged.values():
+        f = Path(x.data.tags["headroom.checkpoint"].removeprefix("file://")) / "checkpoint"
+        os.truncate(f, f.stat().st_size // 2)
     r = run_sweep(tmp_path, "s.yaml", "--resume")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     parents, children = split(runs_of(c, "sigterm"))
     assert sorted(p.info.status for p in parents) == ["FINISHED"]
     assert len({ch.data.tags["headroom.key"] for ch in children if ch.info.status == "FINISHED"}) == 4
+    assert len(children) == 4  # no unit got a second run
+    for rid, before in damaged.items():
+        said = [line for line in (r.stdout + r.stderr).splitlines() if "checkpoint is damaged" in line]
+        assert any(before.info.run_name in line for line in said), (r.stdout + r.stderr)[-3000:]
+        x = c.get_run(rid)
+        assert x.info.status == "FINISHED" and x.data.metrics.get("resumed_at_step", 0) == 0
+        assert "checkpoint" in x.data.tags["headroom.restarted"]  # why, on the run itself
+        hist = c.get_metric_history(rid, "train/loss")
+        assert sorted(m.step for m in hist) == list(range(1, int(x.data.params["steps"]) + 1))
+
+
+def _checkpointed(cwd, sweep: str) -> bool:
+    """Whether some unfinished train unit of `sweep` has a checkpoint tagged (MLflow's tables may not exist yet)."""
+    try:
+        _, children = split(runs_of(client(cwd), sweep))
+    except Exception:
+        return False
+    return any(x.info.status == "RUNNING" and "headroom.checkpoint" in x.data.tags
+               and x.data.tags["headroom.stage"] == "train" for x in children)

@@ -164,6 +164,39 @@ def _state_dict_files(directory: Path) -> list[Path]:
     return []
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else e.__class__.__name__
+
+
+def _build(cls, config, meta: dict, directory: Path):
+    """The model a headroom checkpoint's config.json describes (its per-layer heads), randomly initialised —
+    built first on the meta device and counted: its parameters must fit in the weights files the checkpoint
+    carries, so a config edited to another shape, or one whose numbers would allocate more than the machine
+    holds, is refused in one line instead of being built."""
+    files = _state_dict_files(directory)
+    if not files:
+        raise HeadroomInputError(f"checkpoint {directory}: no model weights (model.safetensors) found")
+
+    def make():
+        model = cls(config)
+        if _needs_reshape(model, meta["layers"], int(meta["head_dim"])):
+            reshape_layers(model, meta["layers"], int(meta["head_dim"]))
+        return model
+
+    try:
+        with torch.device("meta"):
+            n = sum(p.numel() for p in make().parameters())
+    except Exception as e:
+        raise HeadroomInputError(f"checkpoint {directory}: config.json describes no model headroom can build "
+                                 f"({_first_line(e)})") from None
+    have = sum(f.stat().st_size for f in files)
+    if n > have:  # at least one byte a parameter in any dtype a checkpoint is written in
+        raise HeadroomInputError(f"checkpoint {directory}: config.json describes {n:,} parameters, more than its "
+                                 f"weights files ({have:,} bytes) can hold (truncated weights or an edited config)")
+    return make()
+
+
 def _load_state(model, directory: Path) -> None:
     from safetensors.torch import load_file
 
@@ -172,7 +205,11 @@ def _load_state(model, directory: Path) -> None:
         raise HeadroomInputError(f"checkpoint {directory}: no model weights (model.safetensors) found")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, weights_only=True))
+        try:
+            state.update(load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, weights_only=True))
+        except Exception as e:  # a truncated or corrupt file: safetensors', pickle's or zip's own error
+            raise HeadroomInputError(f"checkpoint {directory}: {f.name} is damaged (truncated or corrupt: "
+                                     f"{_first_line(e)})") from None
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as e:
@@ -193,7 +230,10 @@ def load_model(directory: str | os.PathLike):
     tf = _quiet_transformers()
     d = Path(os.path.expanduser(str(directory)))
     mt = read_model_config(str(d))["model_type"]
-    config = tf.AutoConfig.from_pretrained(str(d))
+    try:
+        config = tf.AutoConfig.from_pretrained(str(d))
+    except Exception as e:  # config.json of the right type whose values transformers cannot read
+        raise HeadroomInputError(f"checkpoint {d}: config.json does not load ({_first_line(e)})") from None
     arch = (config.architectures or [DEFAULT_ARCH[mt]])[0]
     arch = arch.removeprefix("Headroom")  # a `headroom export` directory names its modeling file's class
     if hasattr(config, "auto_map"):  # headroom builds the model itself: a re-saved copy must not point at a
@@ -203,9 +243,7 @@ def load_model(directory: str | os.PathLike):
     cls = getattr(tf, arch)
     meta = getattr(config, "headroom", None) or {}
     if meta.get("layers"):
-        model = cls(config)  # random init, replaced by the saved weights below
-        if _needs_reshape(model, meta["layers"], int(meta["head_dim"])):
-            reshape_layers(model, meta["layers"], int(meta["head_dim"]))
+        model = _build(cls, config, meta, d)  # random init, replaced by the saved weights below
         _load_state(model, d)
         set_attention(model, "sdpa")
     else:

@@ -28,7 +28,7 @@ from lightning_modules.declarations.methods import METHODS
 from lightning_modules.declarations.prune_plan import DEFAULT_CALIBRATION_BATCHES, DEFAULT_FINETUNE_LR, Scope
 from lightning_modules.models.checkpoints import checkpoint_info
 from orchestration.design.packing import packing_note
-from orchestration.design.plan import build_plan, pretrained_units
+from orchestration.design.plan import build_plan, check_plan_size, pretrained_units
 from orchestration.design.preflight import compute_note, format_table, plan_rows
 from orchestration.design.spec import load_sweep, resolve_tracking_uri
 from orchestration.report import headline_table, write_report
@@ -36,7 +36,7 @@ from orchestration.running.frameworks import quiet_frameworks as _quiet_framewor
 from orchestration.running.stages import run_sweep
 
 from .bench import add_bench
-from .commands import TRAIN_FLAGS, cmd_export, cmd_prune, cmd_score, cmd_train
+from .commands import TRAIN_FLAGS, check_writable, cmd_export, cmd_prune, cmd_score, cmd_train
 
 EXIT_BAD_INPUT = 2
 
@@ -269,6 +269,9 @@ def _check_tracking_uri(uri: str) -> None:
             reason = getattr(e, "reason", e)
             raise HeadroomInputError(f"--tracking-uri {uri}: tracking server unreachable ({reason})") from None
         _check_credentials(uri)
+    elif scheme in ("", "file") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
+        raise HeadroomInputError(f"--tracking-uri {uri}: MLflow refuses its file store (a directory) unless "
+                                 "MLFLOW_ALLOW_FILE_STORE=true; use sqlite:///PATH or a tracking server")
     elif scheme not in ("", "file", "postgresql", "mysql", "databricks"):
         raise HeadroomInputError(f"--tracking-uri {uri}: unsupported scheme {scheme!r}")
 
@@ -301,6 +304,7 @@ def _check_credentials(uri: str) -> None:
 
 def cmd_sweep(args) -> int:
     sweep, text = load_sweep(args.file)
+    check_plan_size(sweep)  # before anything is built: a plan too large to hold is refused in one line
     if args.json and not args.plan:
         raise HeadroomInputError("--json: only with --plan")
     if args.plan:
@@ -311,8 +315,8 @@ def cmd_sweep(args) -> int:
     if uri:
         _check_tracking_uri(uri)
     storage = args.storage or sweep.storage
-    if storage and "://" not in storage and Path(storage).exists() and not Path(storage).is_dir():
-        raise HeadroomInputError(f"--storage {storage}: not a directory")
+    if storage and "://" not in storage:
+        check_writable(storage, "--storage")
     if args.simulate_gpus and (args.address or os.environ.get("RAY_ADDRESS")):
         raise HeadroomInputError("--simulate-gpus starts a local Ray; to simulate GPUs on a cluster, start its nodes "
                                  "with `ray start --num-gpus N` and HEADROOM_SIMULATED_GPUS=1 in their environment")
@@ -353,8 +357,8 @@ def _print_plan(sweep, as_json: bool) -> int:
 def cmd_report(args) -> int:
     uri = resolve_tracking_uri(args.tracking_uri)
     _check_tracking_uri(uri)
-    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise HeadroomInputError(f"--out {args.out}: not a directory")
+    if args.out:
+        check_writable(args.out)
     out, rep = write_report(uri, args.sweep, Path(args.out) if args.out else None)
     print(headline_table(rep))
     print(f"report: {out / 'report.html'} (also report.md, verdict.json; logged to MLflow run {rep.data.parent_id})")

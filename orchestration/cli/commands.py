@@ -26,10 +26,40 @@ from orchestration.report.plots import heatmap
 from orchestration.running.artifacts import RUN_ARTIFACTS, write_prune
 from orchestration.running.frameworks import quiet_frameworks
 
+_SYSTEM_TREES = (Path("/proc"), Path("/sys"), Path("/dev"))  # kernel views: nothing of a run is written there
+
+
+def check_writable(path: str, flag: str = "--out", kind: str = "directory") -> Path:
+    """An output path checked before any work: not inside /proc, /sys or /dev, no file where a directory is
+    expected on its way, and its nearest existing directory writable — so a command that cannot write its result
+    refuses in one line (HeadroomInputError) instead of failing after the work. `kind`: what is written at `path`
+    (a "directory" or a "file"). Returns the path, expanded."""
+    p = Path(path).expanduser()
+    if not str(path).strip():
+        raise HeadroomInputError(f"{flag}: an empty path")
+    full = Path(os.path.abspath(p))
+    try:
+        real = full.resolve()
+    except (OSError, RuntimeError) as e:
+        raise HeadroomInputError(f"{flag} {path}: cannot resolve it ({e.__class__.__name__})") from None
+    tree = next((t for t in _SYSTEM_TREES if t == real or t in real.parents), None)
+    if tree is not None:
+        raise HeadroomInputError(f"{flag} {path}: inside {tree}, where no {kind} of a run is written")
+    if p.exists() and (kind == "directory") != p.is_dir():
+        raise HeadroomInputError(f"{flag} {path}: exists and is not a {kind}")
+    base = full if p.exists() and kind == "directory" else full.parent
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir():
+        raise HeadroomInputError(f"{flag} {path}: {base} is a file, where a directory is expected")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise HeadroomInputError(f"{flag} {path}: {base} is not writable")
+    return p
+
 
 def _check_out(out: str) -> Path:
-    p = Path(out).expanduser()
-    if p.exists() and (not p.is_dir() or any(p.iterdir())):
+    p = check_writable(out)
+    if p.exists() and any(p.iterdir()):
         raise HeadroomInputError(f"--out {out}: exists and is not empty; choose a new directory")
     return p
 
@@ -187,7 +217,7 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def cmd_score(args) -> int:
     info, data_cfg, train_cfg, family = _checkpoint_setup(args)
-    out = Path(args.out).expanduser()
+    out = check_writable(args.out, kind="file")
     if not out.parent.is_dir():
         raise HeadroomInputError(f"--out {args.out}: directory {out.parent} does not exist")
     quiet_frameworks()
@@ -267,6 +297,8 @@ def cmd_export(args) -> int:
 
     try:
         done = export(args.checkpoint, out, onnx=args.onnx)
+    except HeadroomInputError:
+        raise  # names the checkpoint already
     except ValueError as e:
         raise HeadroomInputError(f"checkpoint {args.checkpoint}: {e}") from None
     how = (f"{done['auto_class']}.from_pretrained(..., trust_remote_code=True) (modeling_headroom.py)"

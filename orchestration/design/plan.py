@@ -6,12 +6,14 @@ a `global` prune once its kept heads are known. Torch-free.
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from lightning_modules.declarations.arms import ARMS, Budget, Shape, control_names, pruned_shape
 from lightning_modules.declarations.config import (
     BYTE_VOCAB_SIZE,
     SCALES,
+    HeadroomInputError,
     ModelConfig,
     TrainConfig,
     heads_kept,
@@ -30,7 +32,7 @@ from lightning_modules.declarations.prune_plan import PrunePlan
 from .axes import BY_NAME, registered
 from .schema import Sweep
 from .trunks import share_trunks
-from .unit import HALF_ARM, NONE, ProbeRun, PruneRun, Unit, _heads, arch_key
+from .unit import _KEYING_LEFT, HALF_ARM, NONE, PlanTooLarge, ProbeRun, PruneRun, Unit, _heads, arch_key
 
 
 def _train_cfg(sweep: Sweep, scale: str, seed: int, lr: float | None, steps: int) -> TrainConfig:
@@ -431,6 +433,44 @@ def build_plan(sweep: Sweep, corpus_hash: str, vocab_size: int = BYTE_VOCAB_SIZE
 
 
 BUILDS = 0  # plans built in this process: one `headroom sweep` builds one (and once more with the searched rates)
+
+
+MAX_UNITS = 20_000  # the most units one sweep may plan: 100× the largest shipped sweep (curves.yaml, 195)
+
+
+@contextmanager
+def bounded(n: int):
+    """Plans built inside may key at most `n` units; past that, `Unit.with_key` raises PlanTooLarge — so a plan
+    too large to hold costs at most n units' work to refuse."""
+    _KEYING_LEFT.append(n)
+    try:
+        yield
+    finally:
+        _KEYING_LEFT.pop()
+
+
+def check_plan_size(sweep: Sweep, limit: int = MAX_UNITS) -> int:
+    """The units `sweep` plans (lr-search candidates and a global prune's controls aside), counted before any plan
+    of the whole sweep is built: the plan of its first seed, built under `bounded(limit)`, times its seeds (every
+    seed plans what the first does, or less: the first seed's half-budget run). HeadroomInputError with the count
+    when past `limit`."""
+    one = sweep.model_copy(update={"seeds": sweep.seeds[:1]})
+    try:
+        with bounded(limit):
+            if sweep.pretrained is not None:
+                per_seed = len(pretrained_units(one, sweep.families[0], "plan", [1], "plan"))
+            else:
+                p = build_plan(one, "plan")
+                per_seed = len(p.trained) + len(p.pruned) + len(p.taught)
+    except PlanTooLarge:
+        raise HeadroomInputError(f"the sweep plans more than {limit} units for one seed alone, more than one sweep "
+                                 "may plan: split it into smaller sweeps") from None
+    total = per_seed * len(sweep.seeds)
+    if total > limit:
+        raise HeadroomInputError(f"the sweep plans up to {total} units ({per_seed} per seed × {len(sweep.seeds)} "
+                                 f"seeds), more than the {limit} one sweep may plan: split it into smaller sweeps")
+    return total
+
 
 
 def expected_names(sweep: Sweep) -> list[str]:

@@ -94,6 +94,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _mapping(loader: _UniqueKeyLoader, node, deep=False):
     seen = set()
     for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):  # `? [a, b]` or `? {a: 1}`: no field is named so
+            raise yaml.constructor.ConstructorError(None, None, "a key must be a plain name, not a list or mapping",
+                                                    key_node.start_mark)
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
@@ -145,12 +148,18 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
         where = f"line {mark.line + 1}: " if mark is not None else ""
         what = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise HeadroomInputError(f"{source}: {where}{what}") from None
+    except RecursionError:  # the parser recurses once per level: a file nested that deep is no sweep
+        raise HeadroomInputError(f"{source}: nested too deeply to read (no sweep field nests more than a few "
+                                 "levels)") from None
     if not isinstance(raw, dict):
         raise HeadroomInputError(f"{source}: expected a mapping of sweep fields at the top level")
     try:
         sweep = Sweep.model_validate(raw)
     except ValidationError as e:
         raise HeadroomInputError(f"{source}: {format_error(e)}") from None
+    except RecursionError:
+        raise HeadroomInputError(f"{source}: nested too deeply to read (no sweep field nests more than a few "
+                                 "levels)") from None
     try:
         check_sweep(sweep)
     except HeadroomInputError as e:

@@ -103,6 +103,8 @@ def client(uri: str):
     """An MlflowClient for `uri`; a SQLite store that does not exist is bad input (not created)."""
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         raise HeadroomInputError(f"no MLflow store at {uri[len('sqlite:///'):]} (pass --tracking-uri)")
+    if uri.startswith("file://") and not Path(uri[len("file://"):]).is_dir():
+        raise HeadroomInputError(f"no MLflow store at {uri[len('file://'):]} (pass --tracking-uri)")
     return mlflow_client(uri)
 
 

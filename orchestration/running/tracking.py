@@ -26,7 +26,18 @@ from mlflow.entities import LoggedModelStatus, Metric, Param, RunStatus, RunTag
 from ray.tune import Callback
 
 from lightning_modules.declarations import names as M
-from orchestration.design.unit import DONE, EVAL_PARAMS, HISTORY, KEPT, PLAN_FILE, RESUMED, TRAIN_PRECISION, WORK, Unit
+from orchestration.design.unit import (
+    DONE,
+    EVAL_PARAMS,
+    HISTORY,
+    KEPT,
+    PLAN_FILE,
+    RESTARTED,
+    RESUMED,
+    TRAIN_PRECISION,
+    WORK,
+    Unit,
+)
 
 from .artifacts import RUN_ARTIFACTS
 from .ddp import CHECKPOINT_KEY, checkpoint_uri
@@ -307,6 +318,10 @@ class TrackingCallback(Callback):
         if M.VAL_LOSS in result:
             rows += [(M.VAL_LOSS, step, result[M.VAL_LOSS]), (M.VAL_PPL, step, result[M.VAL_PPL])]
         self.tracker.log_stepped(run_id, rows)
+        if result.get(RESTARTED):  # its checkpoint was damaged: it started again from step 0, in this same run
+            self.tracker.set_tags(run_id, {"headroom.restarted": result[RESTARTED][:500]})
+            self.say(f"  {unit.name}: its checkpoint is damaged ({result[RESTARTED]}); restarted from step 0 in "
+                     "its own MLflow run")
         if result.get(CHECKPOINT_KEY):  # a data-parallel trial's checkpoint, persisted by Ray Train
             self.tracker.set_tags(run_id, {"headroom.checkpoint": result[CHECKPOINT_KEY]})
         if result.get(DONE):

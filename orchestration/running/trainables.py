@@ -33,6 +33,7 @@ from orchestration.design.unit import (
     HISTORY,
     KEPT,
     LIGHTNING_FILE,
+    RESTARTED,
     RESUMED,
     SNAPSHOTS_DIR,
     TRAIN_PRECISION,
@@ -137,13 +138,18 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
     t0 = time.time()  # the unit's work, after this worker's one-time framework imports
     lead = session.rank == 0
     work = Path(tempfile.mkdtemp(prefix="headroom-trial-"))
-    ckpt_path = None
+    ckpt_path, damaged = None, None
     # Ray's retry of this trial, or else (`--resume`) the unit's newest checkpoint from an earlier driver
     resumed = session.get_checkpoint()
     if resumed is None and resume_from:
         resumed = tune.Checkpoint(resume_from)
     if resumed is not None:
         resumed.to_directory(str(work / "resume"))
+        damaged = _damaged(work / "resume")
+        if damaged is not None:  # truncated or corrupt: the run is continued from step 0, never lost; the
+            shutil.rmtree(work / "resume")  # first report says why (the driver prints it and tags the run)
+            resumed = None
+    if resumed is not None:
         if (work / "resume" / METRICS_FILE).exists():  # died after its final report: say it again
             metrics = json.loads((work / "resume" / METRICS_FILE).read_text())
             session.report({**_train_metrics(metrics), **_run_params(unit), "step": metrics["steps"],
@@ -157,7 +163,8 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
     snaps, kept = work / SNAPSHOTS_DIR, trunk_steps(unit)
     if kept and (work / "resume" / SNAPSHOTS_DIR).is_dir():  # the ones written before a restart
         shutil.copytree(work / "resume" / SNAPSHOTS_DIR, snaps)
-    report = ReportAtValidation(history, session.report, save_checkpoints=not is_search,
+    report = ReportAtValidation(history, _first_says(session.report, {RESTARTED: damaged} if damaged else {}),
+                                save_checkpoints=not is_search,
                                 keep=snaps if kept else None)
     callbacks = [history, report]
     if kept:
@@ -206,6 +213,40 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
         shutil.copytree(snaps, out / SNAPSHOTS_DIR)
     final[WORK] = time.time() - t0
     session.report(final, str(out))
+
+
+def _first_says(report, extra: dict):
+    """`report` with `extra` added to its first call."""
+    pending = dict(extra)
+
+    def first(metrics, *args):
+        out = report({**metrics, **pending}, *args)
+        pending.clear()
+        return out
+
+    return first
+
+
+def _damaged(resume: Path) -> str | None:
+    """Why a train unit's restored checkpoint directory cannot be continued from — its final metrics.json not
+    JSON, its Lightning checkpoint missing, truncated or corrupt — or None when it can. Read memory-mapped: the
+    check does not hold a second copy of the model."""
+    import torch
+
+    if (resume / METRICS_FILE).exists():
+        try:
+            json.loads((resume / METRICS_FILE).read_text())
+            return None
+        except (ValueError, OSError) as e:
+            return f"{METRICS_FILE}: {e.__class__.__name__}"
+    ckpt = resume / LIGHTNING_FILE
+    if not ckpt.is_file():
+        return f"no {LIGHTNING_FILE} in it"
+    try:
+        torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:  # torch's zip reader, pickle: whatever a damaged file raises
+        return f"{LIGHTNING_FILE}: {(str(e).strip().splitlines() or [e.__class__.__name__])[0][:160]}"
+    return None
 
 
 def _branch_start(unit: Unit, trunk_uri: str | None, work: Path) -> Path:
