@@ -454,7 +454,8 @@ def check_plan_size(sweep: Sweep, limit: int = MAX_UNITS) -> int:
     of the whole sweep is built: the plan of its first seed, built under `bounded(limit)`, times its seeds (every
     seed plans what the first does, or less: the first seed's half-budget run). HeadroomInputError with the count
     when past `limit`."""
-    one = sweep.model_copy(update={"seeds": sweep.seeds[:1]})
+    global BUILDS
+    one, builds = sweep.model_copy(update={"seeds": sweep.seeds[:1]}), BUILDS
     try:
         with bounded(limit):
             if sweep.pretrained is not None:
@@ -465,6 +466,8 @@ def check_plan_size(sweep: Sweep, limit: int = MAX_UNITS) -> int:
     except PlanTooLarge:
         raise HeadroomInputError(f"the sweep plans more than {limit} units for one seed alone, more than one sweep "
                                  "may plan: split it into smaller sweeps") from None
+    finally:
+        BUILDS = builds  # a count, not a plan of the sweep: BUILDS counts those
     total = per_seed * len(sweep.seeds)
     if total > limit:
         raise HeadroomInputError(f"the sweep plans up to {total} units ({per_seed} per seed × {len(sweep.seeds)} "
