@@ -435,7 +435,7 @@ def build_plan(sweep: Sweep, corpus_hash: str, vocab_size: int = BYTE_VOCAB_SIZE
 BUILDS = 0  # plans built in this process: one `headroom sweep` builds one (and once more with the searched rates)
 
 
-MAX_UNITS = 20_000  # the most units one sweep may plan: 100× the largest shipped sweep (curves.yaml, 195)
+MAX_UNITS = 20_000  # the most units one sweep may plan: about 17× the largest shipped sweep's 1,132 (scales.yaml with its global controls)
 
 
 @contextmanager
