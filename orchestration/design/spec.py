@@ -139,6 +139,9 @@ def format_error(e: ValidationError) -> str:
     return f"{path}: {_message(err)}" if path else _message(err)
 
 
+_TOO_DEEP = "nested too deeply to read (no sweep field nests more than a few levels)"
+
+
 def parse_sweep(text: str, source: str = "sweep") -> Sweep:
     """YAML text → a validated Sweep (schema and cross-field checks). Raises HeadroomInputError with one line."""
     try:
@@ -149,8 +152,7 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
         what = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise HeadroomInputError(f"{source}: {where}{what}") from None
     except RecursionError:  # the parser recurses once per level: a file nested that deep is no sweep
-        raise HeadroomInputError(f"{source}: nested too deeply to read (no sweep field nests more than a few "
-                                 "levels)") from None
+        raise HeadroomInputError(f"{source}: {_TOO_DEEP}") from None
     if not isinstance(raw, dict):
         raise HeadroomInputError(f"{source}: expected a mapping of sweep fields at the top level")
     try:
@@ -158,8 +160,7 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
     except ValidationError as e:
         raise HeadroomInputError(f"{source}: {format_error(e)}") from None
     except RecursionError:
-        raise HeadroomInputError(f"{source}: nested too deeply to read (no sweep field nests more than a few "
-                                 "levels)") from None
+        raise HeadroomInputError(f"{source}: {_TOO_DEEP}") from None
     try:
         check_sweep(sweep)
     except HeadroomInputError as e:
