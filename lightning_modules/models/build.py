@@ -17,7 +17,6 @@ head_dim) and `load_model` rebuilds it from that. Plain Llama, GPT-2 and BERT ch
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_modules.declarations.config import EOS_ID, PAD_ID, HeadroomInputError, ModelConfig
-from lightning_modules.models.checkpoints import read_model_config
+from lightning_modules.models.checkpoints import read_json_object, read_model_config
 from lightning_modules.models.families import family_of, layer_shapes
 from lightning_modules.models.heads import attention_modules, reshape_layers
 
@@ -156,8 +155,17 @@ def save_model(model, directory: str | os.PathLike, tokenizer=None) -> None:
 def _state_dict_files(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [directory / f for f in files]
+        weight_map = read_json_object(str(index), str(directory), index.name).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map or not all(
+                isinstance(f, str) for f in weight_map.values()):
+            raise HeadroomInputError(f"checkpoint {directory}: {index.name} has no weight_map of tensor names to "
+                                     "shard files")
+        files = [directory / f for f in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise HeadroomInputError(f"checkpoint {directory}: {index.name} names shard {missing[0]}, which is "
+                                     "not there")
+        return files
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (directory / name).exists():
             return [directory / name]
