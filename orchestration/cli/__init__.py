@@ -30,13 +30,14 @@ from lightning_modules.models.checkpoints import checkpoint_info
 from orchestration.design.packing import packing_note
 from orchestration.design.plan import build_plan, check_plan_size, pretrained_units
 from orchestration.design.preflight import compute_note, format_table, plan_rows
-from orchestration.design.spec import load_sweep, resolve_tracking_uri
+from orchestration.design.spec import DEFAULT_TRACKING_URI, load_sweep, report_dir, resolve_tracking_uri
 from orchestration.report import headline_table, write_report
 from orchestration.running.frameworks import quiet_frameworks as _quiet_frameworks
 from orchestration.running.stages import run_sweep
 
 from .bench import add_bench
-from .commands import TRAIN_FLAGS, check_writable, cmd_export, cmd_prune, cmd_score, cmd_train
+from .commands import TRAIN_FLAGS, cmd_export, cmd_prune, cmd_score, cmd_train
+from .paths import check_writable, user_path
 
 EXIT_BAD_INPUT = 2
 
@@ -259,7 +260,9 @@ def _check_tracking_uri(uri: str) -> None:
         path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
         if not path:
             raise HeadroomInputError(f"--tracking-uri {uri}: expected sqlite:///PATH")
-        parent = Path(path).expanduser().resolve().parent
+        db = user_path(path, "--tracking-uri")
+        check_writable(str(db), "--tracking-uri", kind="file")
+        parent = Path(os.path.abspath(db)).parent
         if not parent.is_dir():
             raise HeadroomInputError(f"--tracking-uri {uri}: directory {parent} does not exist")
     elif scheme in ("http", "https"):
@@ -311,12 +314,11 @@ def cmd_sweep(args) -> int:
         return _print_plan(sweep, args.json)
     if args.register and not sweep.log_models:
         raise HeadroomInputError("--register: the sweep file sets log_models: false, so there is no model to register")
-    uri = args.tracking_uri or sweep.tracking_uri
-    if uri:
-        _check_tracking_uri(uri)
+    _check_tracking_uri(args.tracking_uri or sweep.tracking_uri or DEFAULT_TRACKING_URI)
     storage = args.storage or sweep.storage
     if storage and "://" not in storage:
         check_writable(storage, "--storage")
+    check_writable(str(report_dir(sweep.name)), "the sweep's report directory")  # written when the sweep ends
     if args.simulate_gpus and (args.address or os.environ.get("RAY_ADDRESS")):
         raise HeadroomInputError("--simulate-gpus starts a local Ray; to simulate GPUs on a cluster, start its nodes "
                                  "with `ray start --num-gpus N` and HEADROOM_SIMULATED_GPUS=1 in their environment")
@@ -355,11 +357,11 @@ def _print_plan(sweep, as_json: bool) -> int:
 
 
 def cmd_report(args) -> int:
+    _check_tracking_uri(args.tracking_uri or DEFAULT_TRACKING_URI)  # the path as given, before it is resolved
     uri = resolve_tracking_uri(args.tracking_uri)
-    _check_tracking_uri(uri)
-    if args.out:
-        check_writable(args.out)
-    out, rep = write_report(uri, args.sweep, Path(args.out) if args.out else None)
+    out = (check_writable(args.out) if args.out
+           else check_writable(str(report_dir(args.sweep)), f"--sweep {args.sweep}: its report directory"))
+    out, rep = write_report(uri, args.sweep, out)
     print(headline_table(rep))
     print(f"report: {out / 'report.html'} (also report.md, verdict.json; logged to MLflow run {rep.data.parent_id})")
     if rep.data.missing:

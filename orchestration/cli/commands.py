@@ -26,35 +26,7 @@ from orchestration.report.plots import heatmap
 from orchestration.running.artifacts import RUN_ARTIFACTS, write_prune
 from orchestration.running.frameworks import quiet_frameworks
 
-_SYSTEM_TREES = (Path("/proc"), Path("/sys"), Path("/dev"))  # kernel views: nothing of a run is written there
-
-
-def check_writable(path: str, flag: str = "--out", kind: str = "directory") -> Path:
-    """An output path checked before any work: not inside /proc, /sys or /dev, no file where a directory is
-    expected on its way, and its nearest existing directory writable — so a command that cannot write its result
-    refuses in one line (HeadroomInputError) instead of failing after the work. `kind`: what is written at `path`
-    (a "directory" or a "file"). Returns the path, expanded."""
-    p = Path(path).expanduser()
-    if not str(path).strip():
-        raise HeadroomInputError(f"{flag}: an empty path")
-    full = Path(os.path.abspath(p))
-    try:
-        real = full.resolve()
-    except (OSError, RuntimeError) as e:
-        raise HeadroomInputError(f"{flag} {path}: cannot resolve it ({e.__class__.__name__})") from None
-    tree = next((t for t in _SYSTEM_TREES if t == real or t in real.parents), None)
-    if tree is not None:
-        raise HeadroomInputError(f"{flag} {path}: inside {tree}, where no {kind} of a run is written")
-    if p.exists() and (kind == "directory") != p.is_dir():
-        raise HeadroomInputError(f"{flag} {path}: exists and is not a {kind}")
-    base = full if p.exists() and kind == "directory" else full.parent
-    while not base.exists():
-        base = base.parent
-    if not base.is_dir():
-        raise HeadroomInputError(f"{flag} {path}: {base} is a file, where a directory is expected")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise HeadroomInputError(f"{flag} {path}: {base} is not writable")
-    return p
+from .paths import check_writable, made_parents
 
 
 def _check_out(out: str) -> Path:
@@ -178,6 +150,12 @@ def _checkpoint_setup(args):
     except ValueError as e:
         raise HeadroomInputError(f"--data: {first_error(e)}") from None
     check_source(data_cfg)
+    if run.get("train_config"):
+        try:  # the run's own record, before any flag overrides it (prune's fine-tune continues its data order)
+            TrainConfig(**run["train_config"])
+        except ValueError as e:
+            raise HeadroomInputError(f"checkpoint {args.checkpoint}: {METRICS_FILE}'s train_config: "
+                                     f"{first_error(e)}") from None
     base = dict(run.get("train_config") or {"steps": 1})
     seq_default = min(128, info.max_positions or 128)
     # the run's own seed (its data order, which the recovery fine-tune continues) unless --seed says otherwise
@@ -220,6 +198,11 @@ def cmd_score(args) -> int:
     out = check_writable(args.out, kind="file")
     if not out.parent.is_dir():
         raise HeadroomInputError(f"--out {args.out}: directory {out.parent} does not exist")
+    png = out.with_suffix(".png")  # the heatmap, beside the scores
+    if png == out:
+        raise HeadroomInputError(f"--out {args.out}: the scores' heatmap is written to {png.name}; name the scores "
+                                 "file with another suffix (scores.json)")
+    check_writable(str(png), "--out (its heatmap)", kind="file")
     quiet_frameworks()
     from lightning_modules.pruning.scoring import score_heads
     from lightning_modules.training.loop import set_threads
@@ -228,7 +211,6 @@ def cmd_score(args) -> int:
     model, data, calib = _load_for_scoring(info, data_cfg, train_cfg, family, args.calibration_batches)
     scores = score_heads(model, calib, args.method, seed=train_cfg.seed)
     rows = [[None if math.isnan(x) else x for x in r] for r in scores.tolist()]
-    png = out.with_suffix(".png")
     heatmap(rows, png, f"{args.method} importance — {Path(args.checkpoint).name}")
     _atomic_write(out, json.dumps({"method": args.method, "checkpoint": str(args.checkpoint),
                                    "layer_heads": info.layer_heads, "corpus_hash": data.corpus_hash,
@@ -258,22 +240,24 @@ def cmd_prune(args) -> int:
     set_threads()
     model, data, _ = _load_for_scoring(info, data_cfg, train_cfg, family, args.calibration_batches)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
-    try:
-        staging.mkdir(parents=True)
-        run_train = (info.run or {}).get("train_config") or {}
-        # the fine-tune continues the run's order where it stopped: T × the run's own batch size, whatever --batch-size
-        start = run_train["steps"] * run_train["batch_size"] if "batch_size" in run_train else None
-        job = PruneJob(plan=plan, data=PruneData(calibration_batches=args.calibration_batches,
-                                                 curve_batches=args.curve_batches), eval_batches=args.eval_batches)
-        pruned, scores, result = run_prune(model, data, job, data_start=start, progress=not args.quiet)
-        metrics = {**result.to_json(), "checkpoint": str(args.checkpoint), "corpus_hash": data.corpus_hash,
-                   "eval_sets": data.eval_sets, "tokenizer": data.tokenizer.name}
-        write_prune(staging, pruned, metrics, data.tokenizer, data.eval_sets, plan.method, f"{plan.scope}: ")
-        if out.exists():
-            out.rmdir()
-        os.replace(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with made_parents(out.parent):  # parents this creates go again if the prune fails
+        try:
+            staging.mkdir()
+            run_train = (info.run or {}).get("train_config") or {}
+            # the fine-tune continues the run's order where it stopped: T × the run's own batch size, whatever
+            # --batch-size says (the run's train_config was validated by _checkpoint_setup)
+            start = run_train["steps"] * run_train["batch_size"] if "batch_size" in run_train else None
+            job = PruneJob(plan=plan, data=PruneData(calibration_batches=args.calibration_batches,
+                                                     curve_batches=args.curve_batches), eval_batches=args.eval_batches)
+            pruned, scores, result = run_prune(model, data, job, data_start=start, progress=not args.quiet)
+            metrics = {**result.to_json(), "checkpoint": str(args.checkpoint), "corpus_hash": data.corpus_hash,
+                       "eval_sets": data.eval_sets, "tokenizer": data.tokenizer.name}
+            write_prune(staging, pruned, metrics, data.tokenizer, data.eval_sets, plan.method, f"{plan.scope}: ")
+            if out.exists():
+                out.rmdir()
+            os.replace(staging, out)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     loss = result.loss
     first = data.eval_sets[0] if data.eval_sets else "val"
     print(f"pruned {plan.method} ratio {plan.ratio} ({plan.scope}, {plan.schedule}): heads {result.heads_kept}"
@@ -296,7 +280,8 @@ def cmd_export(args) -> int:
     from lightning_modules.models.export import export
 
     try:
-        done = export(args.checkpoint, out, onnx=args.onnx)
+        with made_parents(out.parent):  # parents this creates go again if the export fails
+            done = export(args.checkpoint, out, onnx=args.onnx)
     except HeadroomInputError:
         raise  # names the checkpoint already
     except ValueError as e:

@@ -72,16 +72,24 @@ from lightning_modules.models.checkpoints import checkpoint_info
 
 from .schema import Sweep
 
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
 
 def resolve_tracking_uri(uri: str | None) -> str:
     """The MLflow tracking URI; default `sqlite:///mlflow.db` in the working directory, made absolute (here, in
     the driver: trials run in their own working directories)."""
-    uri = uri or "sqlite:///mlflow.db"
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    uri = uri or DEFAULT_TRACKING_URI
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):  # relative, or `~` (the user's home,
+        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).expanduser().resolve())  # as the CLI checks it)
     if "://" not in uri:  # a plain directory: MLflow's file store
-        return Path(uri).resolve().as_uri()
+        return Path(uri).expanduser().resolve().as_uri()
     return uri
+
+
+def report_dir(sweep_name: str) -> Path:
+    """Where a sweep's report is written unless `headroom report --out` says otherwise: reports/<sweep>/ in the
+    working directory."""
+    return Path("reports", sweep_name)
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -142,6 +150,11 @@ def format_error(e: ValidationError) -> str:
 _TOO_DEEP = "nested too deeply to read (no sweep field nests more than a few levels)"
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:120] if text else e.__class__.__name__
+
+
 def parse_sweep(text: str, source: str = "sweep") -> Sweep:
     """YAML text → a validated Sweep (schema and cross-field checks). Raises HeadroomInputError with one line."""
     try:
@@ -153,6 +166,11 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
         raise HeadroomInputError(f"{source}: {where}{what}") from None
     except RecursionError:  # the parser recurses once per level: a file nested that deep is no sweep
         raise HeadroomInputError(f"{source}: {_TOO_DEEP}") from None
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as e:
+        # a scalar PyYAML resolves and then cannot build: `2020-13-45`, `!!int abc`, `!!bool maybe`, an integer
+        # past Python's 4,300-digit limit — its constructor raises without a line number
+        raise HeadroomInputError(f"{source}: a value cannot be read as the type its form or tag names "
+                                 f"({_first_line(e)})") from None
     if not isinstance(raw, dict):
         raise HeadroomInputError(f"{source}: expected a mapping of sweep fields at the top level")
     try:
@@ -170,8 +188,12 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
 
 def load_sweep(path: str | Path) -> tuple[Sweep, str]:
     """Read and validate a sweep file; returns (sweep, file text)."""
-    p = Path(path)
-    if not p.is_file():
+    try:
+        p = Path(path).expanduser()
+        found = p.is_file()
+    except (OSError, ValueError, RuntimeError) as e:  # a NUL byte, a name too long, `~nosuchuser`, no permission
+        raise HeadroomInputError(f"sweep file {str(path)[:80]!r}: not a readable path ({e.__class__.__name__})") from None
+    if not found:
         raise HeadroomInputError(f"sweep file {path}: no such file")
     try:
         text = p.read_text()

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from lightning_modules.declarations.config import jsonable
+from orchestration.design.spec import report_dir
 
 from .document import render
 from .read import Windows, client, load_sweep_runs, scores_of, write_runs_csv
@@ -23,7 +24,7 @@ def write_report(uri: str, sweep_name: str, out: Path | None = None, log: bool =
     the parent run. Raises HeadroomInputError when there is nothing to report (before writing anything)."""
     data = load_sweep_runs(uri, sweep_name)
     rep = build(data, Windows(uri))
-    out = Path(out or Path("reports", sweep_name)).resolve()
+    out = Path(out or report_dir(sweep_name)).resolve()
     out.mkdir(parents=True, exist_ok=True)
     scores = {r.run_id: scores_of(uri, r) for r in heatmap_runs(data.runs)}  # the heatmaps' data, fetched here
     doc = render(rep, out, scores)

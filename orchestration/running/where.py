@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lightning_modules.models.checkpoints import checkpoint_info
 from orchestration.design.schema import Sweep
-from orchestration.design.spec import resolve_tracking_uri
+from orchestration.design.spec import report_dir, resolve_tracking_uri
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ def resolve_where(sweep: Sweep, tracking_uri: str | None, storage: str | None, a
     if "://" not in st:
         st = str(Path(st).expanduser().resolve())
     return Where(resolve_tracking_uri(tracking_uri or sweep.tracking_uri), st,
-                 Path("reports", sweep.name).resolve(), address or os.environ.get("RAY_ADDRESS") or None)
+                 report_dir(sweep.name).resolve(), address or os.environ.get("RAY_ADDRESS") or None)
 
 
 def _abs(path: str) -> str:
