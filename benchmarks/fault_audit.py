@@ -63,7 +63,11 @@ def audit(c, sweep_name: str, plan: list[dict], models: bool = False) -> dict:
         for metric in STEPPED:
             if metric not in r.data.metrics and stage == "prune":
                 continue
-            steps = [m.step for m in c.get_metric_history(r.info.run_id, metric)]
+            hist = c.get_metric_history(r.info.run_id, metric)
+            if "headroom.restarted" in r.data.tags:  # started again from step 0 in this run: its newest attempt
+                attempt = max(m.timestamp for m in hist if m.step == min(x.step for x in hist)) if hist else 0
+                hist = [m for m in hist if m.timestamp >= attempt]
+            steps = [m.step for m in hist]
             if len(steps) != len(set(steps)):
                 dup_steps[f"{name} {metric}"] = len(steps) - len(set(steps))
             if r.info.status != "FINISHED" or stage == "prune":

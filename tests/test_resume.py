@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from test_sweep import client, run_sweep, runs_of, split, steps_of, sweep_cmd
 
+from orchestration.report.read import newest_per_step
+
 # ------------------------------------------------------------------------- fault, kill, resume (one sweep)
 
 RESUME_SWEEP = """\
@@ -297,6 +299,7 @@ def test_sigterm_stops_a_background_driver_and_resume_finishes_it(tmp_path, cach
     for x in damaged.values():
         f = Path(x.data.tags["headroom.checkpoint"].removeprefix("file://")) / "checkpoint"
         os.truncate(f, f.stat().st_size // 2)
+    resumed_at = time.time() * 1000
     r = run_sweep(tmp_path, "s.yaml", "--resume")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     parents, children = split(runs_of(c, "sigterm"))
@@ -310,7 +313,14 @@ def test_sigterm_stops_a_background_driver_and_resume_finishes_it(tmp_path, cach
         assert x.info.status == "FINISHED" and x.data.metrics.get("resumed_at_step", 0) == 0
         assert "checkpoint" in x.data.tags["headroom.restarted"]  # why, on the run itself
         hist = c.get_metric_history(rid, "train/loss")
-        assert sorted(m.step for m in hist) == list(range(1, int(x.data.params["steps"]) + 1))
+        steps = list(range(1, int(x.data.params["steps"]) + 1))
+        # the restarted attempt logged every step once, from step 1, beside the stopped attempt's rows (MLflow
+        # keeps both); a reader's one row per step is the restarted attempt's
+        assert sorted(m.step for m in hist if m.timestamp >= resumed_at) == steps
+        old = {m.step for m in hist if m.timestamp < resumed_at}
+        assert old and max(old) < steps[-1]
+        newest = {(m.step, m.value) for m in hist if m.timestamp >= resumed_at}
+        assert set(newest_per_step(hist)) == newest
 
 
 def _checkpointed(cwd, sweep: str) -> bool:

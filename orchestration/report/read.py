@@ -150,9 +150,18 @@ def load_sweep_runs(uri: str, sweep_name: str) -> SweepRuns:
     for r in done:
         if r.arm == "dense":  # probes and the training-loss curve (the `converged` diagnostic)
             keys = [k for k in r.metrics if k.startswith(M.PROBE)] + [M.TRAIN_LOSS]
-            out.histories[r.run_id] = {k: sorted((m.step, m.value) for m in c.get_metric_history(r.run_id, k))
-                                       for k in keys}
+            out.histories[r.run_id] = {k: newest_per_step(c.get_metric_history(r.run_id, k)) for k in keys}
     return out
+
+
+def newest_per_step(history) -> list[tuple[int, float]]:
+    """A stepped metric's (step, value) rows, one per step: the newest value where a trial restarted from step 0
+    in the same run and logged a step twice (`headroom.restarted`)."""
+    newest: dict[int, tuple[int, float]] = {}
+    for m in history:
+        if m.step not in newest or m.timestamp >= newest[m.step][0]:
+            newest[m.step] = (m.timestamp, m.value)
+    return sorted((step, value) for step, (_, value) in newest.items())
 
 
 class Windows:

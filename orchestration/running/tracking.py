@@ -120,7 +120,7 @@ class Tracker:
         self.parent_id: str | None = None
         self.children: dict[str, object] = {}  # key -> Run
         self._last_step: dict[tuple[str, str], int] = {}  # (run, metric) -> newest step logged; -1: none
-        self._fresh: set[str] = set()  # runs created by this driver: nothing logged before it
+        self._fresh: set[str] = set()  # runs created (or restarted) by this driver: no step of this attempt logged
         self._linked: set[str] = set()  # children tagged with their dense run by this driver
 
     # ---- parent
@@ -233,6 +233,13 @@ class Tracker:
             self._last_step[k] = max((m.step for m in hist), default=-1)
         return self._last_step[k]
 
+    def restart_steps(self, run_id: str) -> None:
+        """A run whose trial started again from step 0: its new attempt's rows are logged from step 0 on, beside
+        the old attempt's (MLflow keeps both; a reader takes the newest value of each step, `newest_per_step`)."""
+        for k in [k for k in self._last_step if k[0] == run_id]:
+            del self._last_step[k]
+        self._fresh.add(run_id)
+
     def log_stepped(self, run_id: str, rows: list[tuple[str, int, float]]) -> int:
         """Log (metric, step, value) rows whose step is beyond what the run already holds. Returns how many."""
         now = int(time.time() * 1000)
@@ -317,11 +324,12 @@ class TrackingCallback(Callback):
         step = int(result.get("step", 0))
         if M.VAL_LOSS in result:
             rows += [(M.VAL_LOSS, step, result[M.VAL_LOSS]), (M.VAL_PPL, step, result[M.VAL_PPL])]
-        self.tracker.log_stepped(run_id, rows)
         if result.get(RESTARTED):  # its checkpoint was damaged: it started again from step 0, in this same run
             self.tracker.set_tags(run_id, {"headroom.restarted": result[RESTARTED][:500]})
+            self.tracker.restart_steps(run_id)
             self.say(f"  {unit.name}: its checkpoint is damaged ({result[RESTARTED]}); restarted from step 0 in "
                      "its own MLflow run")
+        self.tracker.log_stepped(run_id, rows)
         if result.get(CHECKPOINT_KEY):  # a data-parallel trial's checkpoint, persisted by Ray Train
             self.tracker.set_tags(run_id, {"headroom.checkpoint": result[CHECKPOINT_KEY]})
         if result.get(DONE):

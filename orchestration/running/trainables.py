@@ -163,7 +163,8 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
     snaps, kept = work / SNAPSHOTS_DIR, trunk_steps(unit)
     if kept and (work / "resume" / SNAPSHOTS_DIR).is_dir():  # the ones written before a restart
         shutil.copytree(work / "resume" / SNAPSHOTS_DIR, snaps)
-    report = ReportAtValidation(history, _first_says(session.report, {RESTARTED: damaged} if damaged else {}),
+    say = _first_says(session.report, {RESTARTED: damaged} if damaged else {})  # whichever report comes first
+    report = ReportAtValidation(history, say,
                                 save_checkpoints=not is_search,
                                 keep=snaps if kept else None)
     callbacks = [history, report]
@@ -200,7 +201,7 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
             v = evaluate(result.lm.model, result.data.loader("val", t.val_batches))
             report.last_val = (v["loss"], v["ppl"])
         final.update({M.VAL_LOSS: report.last_val[0], M.VAL_PPL: report.last_val[1]})
-        session.report(final)
+        say(final)
         return
     out = work / "final"
     save_model(result.lm.model, out / "model", result.data.tokenizer)
@@ -212,7 +213,7 @@ def _train_unit(unit: Unit, resume_from: str | None, fault: dict | None, session
             raise RuntimeError(f"{unit.name}: no checkpoint kept at step(s) {missing}")
         shutil.copytree(snaps, out / SNAPSHOTS_DIR)
     final[WORK] = time.time() - t0
-    session.report(final, str(out))
+    say(final, str(out))
 
 
 def _first_says(report, extra: dict):
@@ -227,18 +228,43 @@ def _first_says(report, extra: dict):
     return first
 
 
+def _damaged_model(model_dir: Path) -> str | None:
+    """Why a final checkpoint's saved model cannot be read back — config or weights missing, a weights file
+    truncated or corrupt (safetensors checks its header against the file's size) — or None."""
+    from safetensors import safe_open
+
+    if not (model_dir / "config.json").is_file():
+        return "model/config.json: missing"
+    weights = sorted(model_dir.glob("*.safetensors"))
+    if not weights:
+        return "model/: no safetensors weights"
+    for f in weights:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                st.keys()
+        except Exception as e:  # safetensors' own error for a short or garbled file
+            return f"model/{f.name}: {(str(e).strip().splitlines() or [e.__class__.__name__])[0][:160]}"
+    return None
+
+
 def _damaged(resume: Path) -> str | None:
     """Why a train unit's restored checkpoint directory cannot be continued from — its final metrics.json not
     JSON, its Lightning checkpoint missing, truncated or corrupt — or None when it can. Read memory-mapped: the
     check does not hold a second copy of the model."""
     import torch
 
-    if (resume / METRICS_FILE).exists():
+    if (resume / METRICS_FILE).exists():  # a finished unit's final checkpoint: its numbers and its model
         try:
-            json.loads((resume / METRICS_FILE).read_text())
-            return None
-        except (ValueError, OSError) as e:
+            m = json.loads((resume / METRICS_FILE).read_text())
+        except (ValueError, OSError, RecursionError) as e:
             return f"{METRICS_FILE}: {e.__class__.__name__}"
+        if not isinstance(m, dict) or not isinstance(m.get("steps"), int) or not isinstance(m.get("final"), dict):
+            return f"{METRICS_FILE}: not a finished run's record (no steps or final losses)"
+        try:
+            _train_metrics(m)
+        except (KeyError, TypeError, AttributeError) as e:
+            return f"{METRICS_FILE}: its final losses are of another shape ({e.__class__.__name__})"
+        return _damaged_model(resume / "model")
     ckpt = resume / LIGHTNING_FILE
     if not ckpt.is_file():
         return f"no {LIGHTNING_FILE} in it"
