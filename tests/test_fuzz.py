@@ -151,7 +151,7 @@ def mangled_text(draw) -> tuple[str, str | bytes]:
     lines = [f"{k}: {_flow(v)}" for k, v in doc.items()]
     i = draw(st.integers(0, len(keys) - 1))
     kind = draw(st.sampled_from(["duplicate", "deep", "alias", "bomb", "list_key", "map_key", "garbage", "bytes",
-                                 "empty", "truncate", "tab"]))
+                                 "empty", "truncate", "tab", "tagged"]))
     if kind == "duplicate":
         lines.append(lines[i])
     elif kind == "deep":
@@ -182,6 +182,11 @@ def mangled_text(draw) -> tuple[str, str | bytes]:
         return f"{src.name}: truncated", text[:draw(st.integers(0, len(text)))]
     elif kind == "tab":
         lines[i] = "\t" + lines[i]
+    elif kind == "tagged":  # a value whose tag or form names a type it cannot be read as, or none safe_load knows
+        lines[i] = f"{keys[i]}: " + draw(st.sampled_from([
+            "!!int abc", "!!float x", "!!timestamp x", "2020-13-45", "2020-02-30 25:61:00", "!!bool maybe",
+            "!!map 1", "!!seq 1", "!!binary '@@'", "!!python/object:os.system x", "!custom 1", "9" * 5000,
+            "!!float 1e999", "0o999", "!!set {a: 1}", "!!omap [a]"]))
     return f"{src.name}: {kind} {keys[i]}", "\n".join(lines) + "\n"
 
 
@@ -265,7 +270,51 @@ def inputs(tmp_path_factory, xs_decoder_run):
     copy("other-shape", lambda m: reshape(m, hidden_size=128, heads=3))
     copy("absurd", lambda m: reshape(m, hidden_size=2 ** 20, intermediate_size=2 ** 24, num_hidden_layers=4096))
     copy("no-weights", lambda m: (m / weights).unlink())
+    copy("config-a-list", lambda m: (m / "config.json").write_text("[1, 2]"))
+    copy("config-not-utf8", lambda m: (m / "config.json").write_bytes(b"\xff\xfe{\"model_type\": \"llama\"}"))
+
+    def edit_config(m, edit):
+        cfg = json.loads((m / "config.json").read_text())
+        edit(cfg)
+        (m / "config.json").write_text(json.dumps(cfg))
+
+    copy("headroom-block-a-string", lambda m: edit_config(m, lambda c: c.update(headroom="x")))
+    copy("headroom-heads-a-string",
+         lambda m: edit_config(m, lambda c: c["headroom"]["layers"][0].update(heads="4")))
+    copy("architectures-of-numbers", lambda m: edit_config(m, lambda c: c.update(architectures=[1])))
+
+    def edit_run(m, edit):
+        run = json.loads((m.parent / "metrics.json").read_text())
+        (m.parent / "metrics.json").write_text(json.dumps(edit(run)))
+
+    copy("metrics-a-list", lambda m: edit_run(m, lambda r: [r]))
+    copy("train-config-a-string", lambda m: edit_run(m, lambda r: {**r, "train_config": "x"}))
+
+    def index(m, weight_map):
+        (m / weights).unlink()
+        (m / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+    copy("index-empty", lambda m: index(m, {}))
+    copy("index-missing-shard", lambda m: index(m, {"lm_head.weight": "model-00001-of-00002.safetensors"}))
+    # read by the commands that train or evaluate from the run's settings (prune, score), not by export
+    copy("train-config-values",
+         lambda m: edit_run(m, lambda r: {**r, "train_config": {**r["train_config"], "lr": "abc"}}))
     return {"dir": d, "damaged": damaged}
+
+
+# what each damaged copy's one line must say: the check meant for it refused it, not a later accident
+WHY = {"truncated": "is damaged (truncated or corrupt", "header": "more than its weights files",
+       "flipped": "is damaged (truncated or corrupt", "config-not-json": "config.json is not valid JSON",
+       "other-shape": "weights do not fit its recorded architecture", "absurd": "describes no model headroom can build",
+       "no-weights": "no model weights", "config-a-list": "config.json holds a JSON list, not an object",
+       "config-not-utf8": "config.json is not valid JSON",
+       "headroom-block-a-string": "config.json's headroom block is not an object",
+       "headroom-heads-a-string": "config.json's headroom.layers is not a list",
+       "architectures-of-numbers": "architectures is not a list of class names",
+       "metrics-a-list": "metrics.json holds a JSON list", "train-config-a-string": "train_config is not an object",
+       "index-empty": "has no weight_map", "index-missing-shard": "which is not there",
+       "train-config-values": "metrics.json's train_config: lr:"}
+EXPORT_READS_NO_SETTINGS = {"train-config-values"}  # export copies the model; a run's training settings it ignores
 
 
 def _value(draw, inputs, option: argparse.Action) -> str:
@@ -287,7 +336,7 @@ def command_line(draw, inputs) -> list[str]:
     command = draw(st.sampled_from(["train", "prune", "score", "export", "report", "sweep"]))
     opts = _options(command)
     argv = [command]
-    damaged = sorted(map(str, inputs["damaged"].values()))
+    damaged = sorted(str(p) for n, p in inputs["damaged"].items() if n not in EXPORT_READS_NO_SETTINGS)
     bad_out = ["/proc/headroom", "/sys/headroom/x", str(inputs["dir"] / "a-file" / "x"), str(inputs["dir"] / "full")]
     for a in opts:
         if not a.option_strings:  # the positional
@@ -330,9 +379,12 @@ def test_damaged_checkpoints_are_refused_by_every_command_that_reads_one(cache_d
                       "--out", str(tmp_path / "p"), "--quiet"],
                      ["score", str(ckpt), "--method", "magnitude", "--out", str(tmp_path / "s.json")],
                      ["export", str(ckpt), "--out", str(tmp_path / "e")]):
+            if argv[0] == "export" and name in EXPORT_READS_NO_SETTINGS:
+                continue
             rc, out, err = call(argv, tmp_path, keep=(inputs["dir"],))
             assert check_outcome(rc, out, err, f"{argv[0]} {name}") == "refused", (name, argv[0])
             assert str(ckpt) in err or name in err, err
+            assert WHY[name] in err, (name, argv[0], err)
             FIGURES["checkpoints", "refused"] += 1
     assert not list(tmp_path.iterdir())
 
@@ -342,8 +394,8 @@ def test_damaged_checkpoints_are_refused_by_every_command_that_reads_one(cache_d
 def test_plan_is_bounded_and_counts_what_it_refuses(cache_dir, tmp_path):
     """`--plan` answers within seconds for any accepted sweep: one past `MAX_UNITS` units is refused in one line
     with its count — checked against the units the plan builds for a few seeds (an upper bound, equal but for
-    the first seed's half-budget run) — and one whose single seed already plans too many is refused after at most
-    that many units' work."""
+    the first seed's half-budget run) — and one whose single seed already plans too many keys is refused after
+    at most 2 x `MAX_UNITS` keys' work."""
     import time
 
     from orchestration.design.plan import MAX_UNITS, build_plan, check_plan_size
@@ -356,7 +408,7 @@ def test_plan_is_bounded_and_counts_what_it_refuses(cache_dir, tmp_path):
     per_seed = check_plan_size(few) // 3
     assert built <= 3 * per_seed <= built + 2 * sum(u.arm == "dense_half" for u in p.trained)
     for seeds, ratios in ((list(range(MAX_UNITS)), doc["prune"]["ratios"]),
-                          ([0], [round(i / 4000, 6) for i in range(1, 3000)])):
+                          ([0], [round(i / 8000, 6) for i in range(1, 6000)])):
         f = tmp_path / "big.yaml"
         f.write_text(yaml.safe_dump({**doc, "seeds": seeds, "prune": {**doc["prune"], "ratios": ratios}}))
         t = time.perf_counter()
@@ -368,6 +420,37 @@ def test_plan_is_bounded_and_counts_what_it_refuses(cache_dir, tmp_path):
             assert f"{per_seed * len(seeds)} units ({per_seed} per seed × {len(seeds)} seeds)" in err, err
         else:
             assert "for one seed alone" in err, err
+
+
+def test_plan_bound_covers_every_shipped_sweep(cache_dir):
+    """`check_plan_size` is an upper bound on what each shipped sweep runs, counted independently here from the
+    whole plan: every unit it builds for all seeds, each global prune's controls as if none were shared (at run
+    time they are decided by the heads it keeps, and a shared one is planned once), and every learning-rate
+    search's `trials + extend` candidates. The bound is tight within the first seed's half-budget runs; a limit
+    one below it refuses the sweep, naming the search candidates where there are any."""
+    from lightning_modules.declarations.config import HeadroomInputError
+    from orchestration.design.plan import build_plan, check_plan_size
+    from orchestration.design.spec import load_sweep
+
+    seen_global = seen_search = False
+    for f in sorted((ROOT / "sweeps").glob("*.yaml")):
+        if "pretrained" in yaml.safe_load(f.read_text()):  # no units of its own to bound: one checkpoint's prunes
+            continue
+        sweep, _ = load_sweep(f)
+        p = build_plan(sweep, "plan")
+        units = len(p.trained) + len(p.pruned) + len(p.taught)
+        controls = sum(len(p.controls_of(u, [1] * u.model.n_layers)) for u in p.pruned if u.scope == "global")
+        search = len(p.lr_search) * (sweep.lr.search.trials + sweep.lr.search.extend) if p.lr_search else 0
+        seen_global |= controls > 0
+        seen_search |= search > 0
+        bound = check_plan_size(sweep)
+        half = sum(u.arm == "dense_half" for u in p.trained)
+        assert units + controls + search <= bound <= units + controls + search + (len(sweep.seeds) - 1) * half, f
+        with pytest.raises(HeadroomInputError) as e:
+            check_plan_size(sweep, limit=bound - 1)
+        assert f"up to {bound} units" in str(e.value), (f, str(e.value))
+        assert ("learning-rate search candidates" in str(e.value)) == (search > 0), (f, str(e.value))
+    assert seen_global and seen_search  # the shipped sweeps exercise both terms of the bound
 
 
 def test_zz_figures(capsys):

@@ -450,30 +450,42 @@ def bounded(n: int):
 
 
 def check_plan_size(sweep: Sweep, limit: int = MAX_UNITS) -> int:
-    """The units `sweep` plans (lr-search candidates and a global prune's controls aside), counted before any plan
-    of the whole sweep is built: the plan of its first seed, built under `bounded(limit)`, times its seeds (every
-    seed plans what the first does, or less: the first seed's half-budget run). HeadroomInputError with the count
-    when past `limit`."""
+    """An upper bound on the units `sweep` runs, counted before any plan of the whole sweep is built, and
+    HeadroomInputError with the count when it passes `limit`. The count: the plan of its first seed (built under
+    `bounded`) times its seeds — every seed plans what the first does, or less (the first seed's half-budget run) —
+    where each global prune counts its controls as if no two prunes kept the same heads (a shared control is
+    planned once), plus every learning-rate search's candidates (`trials` + `extend` per architecture, once for
+    all seeds). Building the one-seed plan keys each of its units once and each search template once, and a
+    template stands for at least `trials` >= 2 candidates, so keying stops after 2 x `limit` keys: a plan too large
+    to hold costs at most that much work to refuse."""
     global BUILDS
     one, builds = sweep.model_copy(update={"seeds": sweep.seeds[:1]}), BUILDS
+    search = 0
     try:
-        with bounded(limit):
+        with bounded(2 * limit):
             if sweep.pretrained is not None:
                 per_seed = len(pretrained_units(one, sweep.families[0], "plan", [1], "plan"))
             else:
                 p = build_plan(one, "plan")
                 per_seed = len(p.trained) + len(p.pruned) + len(p.taught)
+                for u in p.pruned:  # a global prune's controls, of any kept shape: one head a layer will do
+                    if u.scope == "global":
+                        per_seed += len(p.controls_of(u, [1] * u.model.n_layers))
+                if p.lr_search:
+                    s = sweep.lr.search
+                    search = len(p.lr_search) * (s.trials + s.extend)
     except PlanTooLarge:
         raise HeadroomInputError(f"the sweep plans more than {limit} units for one seed alone, more than one sweep "
                                  "may plan: split it into smaller sweeps") from None
     finally:
         BUILDS = builds  # a count, not a plan of the sweep: BUILDS counts those
-    total = per_seed * len(sweep.seeds)
+    total = per_seed * len(sweep.seeds) + search
     if total > limit:
+        searched = f" + {search} learning-rate search candidates" if search else ""
         raise HeadroomInputError(f"the sweep plans up to {total} units ({per_seed} per seed × {len(sweep.seeds)} "
-                                 f"seeds), more than the {limit} one sweep may plan: split it into smaller sweeps")
+                                 f"seeds{searched}), more than the {limit} one sweep may plan: split it into "
+                                 "smaller sweeps")
     return total
-
 
 
 def expected_names(sweep: Sweep) -> list[str]:

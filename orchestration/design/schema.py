@@ -167,10 +167,13 @@ class PruneSpec(PruneData):
         classmethod(lambda cls, v: _as_list(v)))
 
 
+MAX_TRIALS = 200  # candidates one architecture's search may draw: a log-range is bracketed by far fewer
+
+
 class LrSearch(Strict):
     """Optuna (TPE) over a log-uniform learning rate, trials stopped early by ASHA."""
 
-    trials: int = Field(ge=2)
+    trials: int = Field(ge=2, le=MAX_TRIALS)
     low: float = Field(gt=0)
     high: float = Field(gt=0)
     steps: int = Field(gt=0)  # training steps of one search trial
