@@ -151,7 +151,7 @@ def mangled_text(draw) -> tuple[str, str | bytes]:
     lines = [f"{k}: {_flow(v)}" for k, v in doc.items()]
     i = draw(st.integers(0, len(keys) - 1))
     kind = draw(st.sampled_from(["duplicate", "deep", "alias", "bomb", "list_key", "map_key", "garbage", "bytes",
-                                 "empty", "truncate", "tab", "tagged"]))
+                                 "empty", "truncate", "tab", "tagged", "nested_duplicate"]))
     if kind == "duplicate":
         lines.append(lines[i])
     elif kind == "deep":
@@ -182,6 +182,15 @@ def mangled_text(draw) -> tuple[str, str | bytes]:
         return f"{src.name}: truncated", text[:draw(st.integers(0, len(text)))]
     elif kind == "tab":
         lines[i] = "\t" + lines[i]
+    elif kind == "nested_duplicate":  # a key twice inside a mapping below the top level
+        nested = [k for k, v in doc.items() if isinstance(v, dict) and v]
+        if nested:
+            k = draw(st.sampled_from(nested))
+            inner = list(doc[k].items())
+            first = f"{inner[0][0]}: {_flow(inner[0][1])}"
+            rest = ", ".join(f"{a}: {_flow(b)}" for a, b in inner)
+            lines[keys.index(k)] = f"{k}: {{{first}, {rest}}}"
+            i = keys.index(k)
     elif kind == "tagged":  # a value whose tag or form names a type it cannot be read as, or none safe_load knows
         lines[i] = f"{keys[i]}: " + draw(st.sampled_from([
             "!!int abc", "!!float x", "!!timestamp x", "2020-13-45", "2020-02-30 25:61:00", "!!bool maybe",
