@@ -238,3 +238,18 @@ def test_spec_hash_ignores_where_it_runs():
     assert a.spec_hash() == "aa11906a3f13"
 
 
+
+
+def test_a_gpu_share_too_small_to_pack_is_refused_in_one_line(tmp_path):
+    """`resources.gpu` between 0 and 0.01 (5e-324 overflowed, 1e-5 made `--plan` loop for minutes): one line."""
+    import yaml
+
+    from lightning_modules.declarations.config import HeadroomInputError
+    from orchestration.design.spec import parse_sweep
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "sweeps" / "quickstart.yaml").read_text())
+    for gpu in (5e-324, 1e-5, 0.0099):
+        with pytest.raises(HeadroomInputError, match="shares one GPU among more than 100 trials"):
+            parse_sweep(yaml.safe_dump({**doc, "resources": {"cpu": 1, "gpu": gpu}}))
+    for gpu in (0, 0.01, 0.5):
+        parse_sweep(yaml.safe_dump({**doc, "resources": {"cpu": 1, "gpu": gpu}}))

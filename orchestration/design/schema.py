@@ -67,6 +67,9 @@ TrainOverrides = create_model(
     **{name: _optional(name) for name in OVERRIDABLE})
 
 
+MIN_GPU_SHARE = 0.01  # a fractional GPU per trial: at most 100 trials share one GPU
+
+
 class Resources(Strict):
     """What one trial asks of the cluster. `cpu` and `gpu` are per worker; `gpu` may be fractional (trials share
     a GPU); `workers > 1` trains data-parallel (DDP through Ray Train inside the Tune trial), each worker taking
@@ -83,6 +86,9 @@ class Resources(Strict):
     def _devices(self):
         if self.gpu > 1:
             raise ValueError("one worker trains on one GPU; for more, set workers (gpu is per worker)")
+        if 0 < self.gpu < MIN_GPU_SHARE:  # the packing check walks every trial one GPU could hold
+            raise ValueError(f"gpu {self.gpu:g} shares one GPU among more than {round(1 / MIN_GPU_SHARE)} trials; "
+                             f"use 0 (CPU) or at least {MIN_GPU_SHARE}")
         if self.workers > 1 and 0 < self.gpu < 1:
             raise ValueError("data-parallel workers cannot share a GPU; give each worker gpu: 1, or use workers: 1")
         return self
